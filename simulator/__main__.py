@@ -1,0 +1,5 @@
+"""``python -m simulator`` is the ``ckptsim`` command."""
+
+from simulator.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""Closed-form checkpoint intervals and expected wall time for exponential failures.
+
+Notation (all seconds, all functions vectorised over numpy arrays):
+``delta`` — checkpoint cost δ (the training stall of one save), ``mtbf`` — system mean time
+between failures M, ``restart`` — restart cost R, ``tau`` — compute time between saves τ,
+``solve`` — failure-free solve time Ts.
+
+Sources:
+- J. W. Young, "A first order approximation to the optimum checkpoint interval",
+  CACM 17(9), 1974: τ = sqrt(2 δ M).
+- J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
+  Future Generation Computer Systems 22(3), 2006: the first-order τ = sqrt(2 δ (M + R)), the
+  higher-order τ below, and the expected wall time T_w, whose exact minimiser in τ is
+  τ* = M · (1 + W₀(−e^(−1 − δ/M))) with W₀ the principal branch of Lambert's W.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import lambertw
+
+__all__ = [
+    "daly_first_order_interval",
+    "daly_interval",
+    "daly_wall_time",
+    "optimal_interval",
+    "waste_fraction",
+    "young_interval",
+]
+
+
+def _arrays(*values):
+    out = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values))
+    return out if len(out) > 1 else out[0]
+
+
+def _scalar_or_array(x):
+    return x.item() if np.ndim(x) == 0 else x
+
+
+def young_interval(delta, mtbf):
+    """Young (1974): τ = sqrt(2 δ M)."""
+    delta, mtbf = _arrays(delta, mtbf)
+    return _scalar_or_array(np.sqrt(2.0 * delta * mtbf))
+
+
+def daly_first_order_interval(delta, mtbf, restart):
+    """Daly's first-order estimate: τ = sqrt(2 δ (M + R))."""
+    delta, mtbf, restart = _arrays(delta, mtbf, restart)
+    return _scalar_or_array(np.sqrt(2.0 * delta * (mtbf + restart)))
+
+
+def daly_interval(delta, mtbf):
+    """Daly (2006) higher-order estimate, eq. (37).
+
+    τ = sqrt(2 δ M)·[1 + (1/3)·sqrt(δ/2M) + (1/9)·(δ/2M)] − δ for δ < 2M, and τ = M otherwise.
+    """
+    delta, mtbf = _arrays(delta, mtbf)
+    x = delta / (2.0 * mtbf)
+    series = np.sqrt(2.0 * delta * mtbf) * (1.0 + np.sqrt(x) / 3.0 + x / 9.0) - delta
+    return _scalar_or_array(np.where(delta < 2.0 * mtbf, series, mtbf))
+
+
+def daly_wall_time(tau, delta, mtbf, restart, solve):
+    """Daly's expected wall time: T_w = M·e^(R/M)·(e^((τ+δ)/M) − 1)·Ts/τ.
+
+    Exact for exponential failures that may strike during compute, checkpoint and restart,
+    with the last segment counted as a full τ.
+    """
+    tau, delta, mtbf, restart, solve = _arrays(tau, delta, mtbf, restart, solve)
+    # expm1 keeps precision when τ + δ << M (the usual regime on large clusters).
+    wall = mtbf * np.exp(restart / mtbf) * np.expm1((tau + delta) / mtbf) * solve / tau
+    return _scalar_or_array(wall)
+
+
+def optimal_interval(delta, mtbf):
+    """The exact minimiser of ``daly_wall_time`` over τ: M·(1 + W₀(−e^(−1−δ/M))).
+
+    Setting dT_w/dτ = 0 gives e^((τ+δ)/M)·(1 − τ/M) = 1; with u = 1 − τ/M this is
+    −u·e^(−u) = −e^(−1−δ/M), so −u is Lambert's W₀ of the right-hand side. R only scales
+    T_w, so it does not move the optimum.
+    """
+    delta, mtbf = _arrays(delta, mtbf)
+    w = lambertw(-np.exp(-1.0 - delta / mtbf), 0).real
+    return _scalar_or_array(mtbf * (1.0 + w))
+
+
+def waste_fraction(tau, delta, mtbf, restart):
+    """Fraction of wall time not spent on useful work: 1 − Ts / T_w (independent of Ts)."""
+    wall_per_work = daly_wall_time(tau, delta, mtbf, restart, 1.0)
+    return _scalar_or_array(1.0 - 1.0 / np.asarray(wall_per_work))

@@ -1,0 +1,56 @@
+"""The ``ckptsim`` command line: one subcommand per module in this package.
+
+Each command module defines ``register(subparsers)``, which adds its parser and sets
+``func(args) -> int``. Modules import their heavy dependencies inside ``func`` so that
+``ckptsim --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from simulator.cli.common import OneLineParser, fail
+from simulator.errors import InputError
+
+COMMANDS = ("optimize", "simulate", "bench", "sweep", "plot", "demo")
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="ckptsim",
+        description=(
+            "How often should a large GPU training job checkpoint, and what do failures "
+            "cost? Closed-form and simulated optimal intervals, measured checkpoint costs, "
+            "and a controller that applies the answer in live PyTorch training."
+        ),
+        epilog="Run `ckptsim COMMAND --help` for each command's flags and examples.",
+    )
+    from simulator import __version__
+
+    parser.add_argument("--version", action="version", version=f"ckptsim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"simulator.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"simulator.cli.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        return fail(str(exc), prog=f"ckptsim {args.command}")
+    except KeyboardInterrupt:
+        print("ckptsim: interrupted", file=sys.stderr)
+        return 130

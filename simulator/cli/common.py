@@ -1,0 +1,174 @@
+"""Pieces shared by the subcommands: one-line errors, scenario flags, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from simulator.errors import InputError
+
+
+def fail(message: str, prog: str = "ckptsim") -> int:
+    """Print one line for a user's mistake and return the usage-error status (2)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (with a pointer to --help), status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def positive_float(unit: str):
+    """An argparse type: a finite positive number, the message naming the unit."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number of {unit}, got {text}")
+        return value
+
+    return parse
+
+
+def nonnegative_float(unit: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"must be a non-negative number of {unit}, got {text}")
+        return value
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
+    return value
+
+
+def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that override fields of the scenario (a preset name or a TOML file)."""
+    g = parser.add_argument_group(
+        "scenario",
+        "Flags override the scenario file; without --scenario, flags alone "
+        "describe the job (the embedded Llama-3 preset fills nothing in).",
+    )
+    g.add_argument(
+        "--scenario",
+        metavar="FILE|PRESET",
+        help="TOML scenario file, or a preset: llama3, opt175b, bloom176b, titan",
+    )
+    g.add_argument("--gpus", type=positive_int, metavar="N", help="GPUs in the job")
+    g.add_argument("--gpus-per-node", type=positive_int, metavar="G", help="GPUs per node")
+    mtbf = g.add_mutually_exclusive_group()
+    mtbf.add_argument(
+        "--mtbf-h",
+        type=positive_float("hours"),
+        metavar="H",
+        help="system mean time between failures, hours",
+    )
+    mtbf.add_argument(
+        "--gpu-mtbf-h",
+        type=positive_float("hours"),
+        metavar="H",
+        help="per-GPU mean time between failures, hours (needs --gpus)",
+    )
+    g.add_argument(
+        "--failure",
+        metavar="DIST",
+        help="per-GPU lifetimes: exponential | weibull:shape=K | lognormal:sigma=S",
+    )
+    g.add_argument(
+        "--checkpoint-s",
+        type=positive_float("seconds"),
+        metavar="S",
+        help="training stall of one save, seconds (δ)",
+    )
+    g.add_argument(
+        "--restart-s",
+        type=nonnegative_float("seconds"),
+        metavar="S",
+        help="time from failure to training again, seconds (R)",
+    )
+    g.add_argument(
+        "--work-h",
+        type=positive_float("hours"),
+        metavar="H",
+        help="failure-free compute the job needs, hours",
+    )
+    g.add_argument(
+        "--usd-per-gpu-hour",
+        type=nonnegative_float("US dollars"),
+        metavar="USD",
+        help="price of one GPU-hour",
+    )
+
+
+SCENARIO_FLAGS = (
+    "gpus",
+    "gpus_per_node",
+    "mtbf_h",
+    "gpu_mtbf_h",
+    "failure",
+    "checkpoint_s",
+    "restart_s",
+    "work_h",
+    "usd_per_gpu_hour",
+)
+
+
+def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None):
+    """The scenario named by --scenario (if any) with flags laid over it."""
+    from simulator.scenario import Scenario, load_scenario
+
+    overrides = {k: getattr(args, k, None) for k in SCENARIO_FLAGS}
+    overrides.update(extra or {})
+    if args.scenario:
+        base = load_scenario(args.scenario)
+        return base.with_overrides(**overrides)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return Scenario(name="command-line", **given)
+
+
+def print_json(obj: dict[str, Any]) -> None:
+    """One JSON object on stdout; NaN/inf become null so any JSON parser reads it."""
+
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [clean(v) for v in x]
+        if hasattr(x, "item"):
+            return clean(x.item())
+        return x
+
+    json.dump(clean(obj), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InputError(message)

@@ -1,0 +1,373 @@
+"""Failure models: how long a component (a GPU or a node) lives before it fails.
+
+A lifetime distribution answers the questions a checkpoint model asks of it: the mean time to
+failure, the chance of surviving to age ``t`` (``survival``), the instantaneous failure rate at
+that age (``hazard``), and samples drawn with a ``numpy.random.Generator`` that the caller owns.
+All times are seconds.
+
+From one component to a cluster of ``n``
+----------------------------------------
+For exponential lifetimes the two cluster views agree: the time to the first failure of ``n``
+fresh components is exponential with mean ``mean / n``, and so is every later gap, because a
+replaced component is indistinguishable from the ones that kept running (no memory).
+
+For Weibull (or lognormal) lifetimes they differ. The *first* failure of ``n`` fresh Weibull(k)
+components is Weibull(k) with scale ``scale * n**(-1/k)`` (``first_failure``); with ``k < 1``
+that is far sooner than ``mean / n`` because young parts fail most. After a failure only the
+replaced component is new while the others keep their age, so the cluster's failure process is
+a superposition of ``n`` renewal processes, not one renewal process. Over a long run it settles
+to ``n / mean`` failures per second (renewal theorem; ``long_run_rate``), which is why
+``system_mtbf_s`` is ``mean / n`` for every family, while the gap after a restart is not drawn
+from one fixed distribution.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import special, stats
+
+from simulator.errors import InputError
+
+__all__ = [
+    "Empirical",
+    "Exponential",
+    "Lifetime",
+    "LogNormal",
+    "MinOf",
+    "Weibull",
+    "first_failure",
+    "long_run_rate",
+    "parse_failure",
+    "system_mtbf_s",
+]
+
+
+def _positive(name: str, value: float, unit: str = "s") -> float:
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"{name} must be a positive number of {unit}, got {value!r}")
+    return value
+
+
+class Lifetime(ABC):
+    """A component lifetime distribution (seconds)."""
+
+    family: str
+
+    @property
+    @abstractmethod
+    def mean_s(self) -> float:
+        """Mean time to failure, seconds."""
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None):
+        """Draw lifetimes (seconds) with the caller's generator."""
+
+    @abstractmethod
+    def survival(self, t_s):
+        """P(lifetime > t)."""
+
+    @abstractmethod
+    def with_mean(self, mean_s: float) -> Lifetime:
+        """The same shape rescaled to a new mean."""
+
+    def cdf(self, t_s):
+        """P(lifetime <= t)."""
+        return 1.0 - self.survival(t_s)
+
+    def pdf(self, t_s):
+        return self._frozen().pdf(np.asarray(t_s, dtype=float))
+
+    def hazard(self, t_s):
+        """Instantaneous failure rate at age t, per second: pdf / survival."""
+        t = np.asarray(t_s, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.exp(self._frozen().logpdf(t) - self._frozen().logsf(t))
+
+    def ppf(self, q):
+        return self._frozen().ppf(q)
+
+    def residual_sample(self, rng: np.random.Generator, age_s, size=None):
+        """Remaining life of components that have already survived ``age_s`` seconds."""
+        age = np.asarray(age_s, dtype=float)
+        u = rng.random(size if size is not None else age.shape)
+        # Inverse transform on the conditional survival S(age + x) / S(age) = u.
+        logsf = self._frozen().logsf(age) + np.log(u)
+        return np.maximum(self._frozen().isf(np.exp(logsf)) - age, 0.0)
+
+    def _frozen(self):
+        raise NotImplementedError(f"{type(self).__name__} has no scipy form")
+
+    def describe(self) -> str:
+        return f"{self.family}(mean={self.mean_s / 3600:.4g} h)"
+
+
+@dataclass(frozen=True)
+class Exponential(Lifetime):
+    """Memoryless lifetimes: constant hazard 1/mean."""
+
+    mean: float
+    family: str = field(default="exponential", init=False)
+
+    def __post_init__(self):
+        _positive("exponential mean", self.mean)
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.mean)
+
+    def sample(self, rng, size=None):
+        return rng.exponential(self.mean, size)
+
+    def survival(self, t_s):
+        return np.exp(-np.asarray(t_s, dtype=float) / self.mean)
+
+    def hazard(self, t_s):
+        return np.full_like(np.asarray(t_s, dtype=float), 1.0 / self.mean)
+
+    def residual_sample(self, rng, age_s, size=None):
+        shape = size if size is not None else np.shape(age_s)
+        return rng.exponential(self.mean, shape)
+
+    def with_mean(self, mean_s):
+        return Exponential(mean_s)
+
+    def _frozen(self):
+        return stats.expon(scale=self.mean)
+
+
+@dataclass(frozen=True)
+class Weibull(Lifetime):
+    """Weibull(shape k, scale λ): hazard (k/λ)(t/λ)^(k-1); k < 1 is infant mortality."""
+
+    shape: float
+    scale: float
+    family: str = field(default="weibull", init=False)
+
+    def __post_init__(self):
+        _positive("weibull shape", self.shape, "(dimensionless)")
+        _positive("weibull scale", self.scale)
+
+    @classmethod
+    def from_mean(cls, mean_s: float, shape: float) -> Weibull:
+        _positive("weibull shape", shape, "(dimensionless)")
+        return cls(shape, _positive("mean", mean_s) / special.gamma(1.0 + 1.0 / shape))
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.scale * special.gamma(1.0 + 1.0 / self.shape))
+
+    def sample(self, rng, size=None):
+        return self.scale * rng.weibull(self.shape, size)
+
+    def survival(self, t_s):
+        return np.exp(-((np.asarray(t_s, dtype=float) / self.scale) ** self.shape))
+
+    def hazard(self, t_s):
+        t = np.asarray(t_s, dtype=float)
+        with np.errstate(divide="ignore"):
+            return (self.shape / self.scale) * (t / self.scale) ** (self.shape - 1.0)
+
+    def residual_sample(self, rng, age_s, size=None):
+        age = np.asarray(age_s, dtype=float)
+        e = rng.exponential(1.0, size if size is not None else age.shape)
+        # Cumulative hazard H(t) = (t/λ)^k; remaining life solves H(age + x) = H(age) + E.
+        return self.scale * ((age / self.scale) ** self.shape + e) ** (1.0 / self.shape) - age
+
+    def with_mean(self, mean_s):
+        return Weibull.from_mean(mean_s, self.shape)
+
+    def _frozen(self):
+        return stats.weibull_min(self.shape, scale=self.scale)
+
+    def describe(self) -> str:
+        return f"weibull(shape={self.shape:.3g}, mean={self.mean_s / 3600:.4g} h)"
+
+
+@dataclass(frozen=True)
+class LogNormal(Lifetime):
+    """Lognormal: log-lifetime is normal with standard deviation ``sigma`` around log(scale)."""
+
+    sigma: float
+    scale: float
+    family: str = field(default="lognormal", init=False)
+
+    def __post_init__(self):
+        _positive("lognormal sigma", self.sigma, "(dimensionless)")
+        _positive("lognormal scale", self.scale)
+
+    @classmethod
+    def from_mean(cls, mean_s: float, sigma: float) -> LogNormal:
+        _positive("lognormal sigma", sigma, "(dimensionless)")
+        return cls(sigma, _positive("mean", mean_s) * math.exp(-0.5 * sigma * sigma))
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.scale * math.exp(0.5 * self.sigma**2))
+
+    def sample(self, rng, size=None):
+        return rng.lognormal(math.log(self.scale), self.sigma, size)
+
+    def survival(self, t_s):
+        return self._frozen().sf(np.asarray(t_s, dtype=float))
+
+    def with_mean(self, mean_s):
+        return LogNormal.from_mean(mean_s, self.sigma)
+
+    def _frozen(self):
+        return stats.lognorm(self.sigma, scale=self.scale)
+
+    def describe(self) -> str:
+        return f"lognormal(sigma={self.sigma:.3g}, mean={self.mean_s / 3600:.4g} h)"
+
+
+class Empirical(Lifetime):
+    """Lifetimes resampled from observed ones (uncensored), e.g. gaps in a real trace."""
+
+    family = "empirical"
+
+    def __init__(self, samples_s):
+        x = np.sort(np.asarray(samples_s, dtype=float).ravel())
+        if x.size == 0 or not np.all(np.isfinite(x)) or x[0] < 0:
+            raise InputError("empirical lifetimes need at least one finite, non-negative sample")
+        self.samples = x
+
+    def __repr__(self):
+        return f"Empirical(n={self.samples.size}, mean_s={self.mean_s:.6g})"
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.samples.mean())
+
+    def sample(self, rng, size=None):
+        return rng.choice(self.samples, size=size, replace=True)
+
+    def survival(self, t_s):
+        t = np.asarray(t_s, dtype=float)
+        return 1.0 - np.searchsorted(self.samples, t, side="right") / self.samples.size
+
+    def pdf(self, t_s):
+        # A histogram density: the empirical distribution has no smooth density of its own.
+        hist, edges = np.histogram(self.samples, bins="auto", density=True)
+        idx = np.clip(
+            np.searchsorted(edges, np.asarray(t_s, dtype=float), side="right") - 1, 0, hist.size - 1
+        )
+        inside = (np.asarray(t_s) >= edges[0]) & (np.asarray(t_s) <= edges[-1])
+        return np.where(inside, hist[idx], 0.0)
+
+    def hazard(self, t_s):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = self.survival(t_s)
+            return np.where(s > 0, self.pdf(t_s) / np.where(s > 0, s, 1.0), np.inf)
+
+    def ppf(self, q):
+        return np.quantile(self.samples, q)
+
+    def residual_sample(self, rng, age_s, size=None):
+        age = np.asarray(age_s, dtype=float)
+        n = size if size is not None else age.shape
+        out = np.empty(n)
+        flat_age = np.broadcast_to(age, n).ravel()
+        flat = out.ravel()
+        for i, a in enumerate(flat_age):
+            alive = self.samples[self.samples > a]
+            flat[i] = (rng.choice(alive) - a) if alive.size else 0.0
+        return flat.reshape(n)
+
+    def with_mean(self, mean_s):
+        return Empirical(self.samples * (_positive("mean", mean_s) / self.mean_s))
+
+
+class MinOf(Lifetime):
+    """Time to the first failure among ``n`` fresh, independent components."""
+
+    def __init__(self, component: Lifetime, n: int):
+        if int(n) < 1:
+            raise InputError(f"component count must be >= 1, got {n!r}")
+        self.component, self.n = component, int(n)
+        self.family = f"min{self.n}({component.family})"
+
+    def survival(self, t_s):
+        return self.component.survival(t_s) ** self.n
+
+    def hazard(self, t_s):
+        return self.n * self.component.hazard(t_s)
+
+    def pdf(self, t_s):
+        return self.hazard(t_s) * self.survival(t_s)
+
+    def ppf(self, q):
+        # S_min(t) = S(t)^n  =>  t = S^-1((1-q)^(1/n)), computed without losing 1 - tiny.
+        return self.component.ppf(-np.expm1(np.log1p(-np.asarray(q, dtype=float)) / self.n))
+
+    def sample(self, rng, size=None):
+        return self.ppf(rng.random(size))
+
+    @property
+    def mean_s(self) -> float:
+        from scipy import integrate
+
+        upper = float(self.ppf(1 - 1e-12))
+        value, _ = integrate.quad(lambda t: float(self.survival(t)), 0.0, upper, limit=200)
+        return value
+
+    def with_mean(self, mean_s):
+        raise NotImplementedError("rescale the component instead")
+
+
+def first_failure(component: Lifetime, n: int) -> Lifetime:
+    """Distribution of the time to the first failure among ``n`` fresh components."""
+    n = int(n)
+    if isinstance(component, Exponential):
+        return Exponential(component.mean / n)
+    if isinstance(component, Weibull):
+        return Weibull(component.shape, component.scale * n ** (-1.0 / component.shape))
+    return MinOf(component, n)
+
+
+def long_run_rate(component: Lifetime, n: int) -> float:
+    """Failures per second of ``n`` components, each replaced on failure, over a long run."""
+    return int(n) / component.mean_s
+
+
+def system_mtbf_s(component: Lifetime, n: int) -> float:
+    """Long-run mean time between failures of a cluster of ``n`` components (seconds)."""
+    return component.mean_s / int(n)
+
+
+_SPEC = re.compile(r"^\s*(?P<family>[a-z]+)\s*(?::(?P<params>.*))?$")
+_FAMILIES = {"exponential": (), "weibull": ("shape",), "lognormal": ("sigma",)}
+
+
+def parse_failure(spec: str, mean_s: float) -> Lifetime:
+    """``exponential``, ``weibull:shape=K`` or ``lognormal:sigma=S`` with the given mean (s)."""
+    m = _SPEC.match(str(spec).lower())
+    family = m.group("family") if m else None
+    if family not in _FAMILIES:
+        raise InputError(
+            f"unknown failure distribution {spec!r}; use exponential, weibull:shape=K "
+            "or lognormal:sigma=S"
+        )
+    params: dict[str, float] = {}
+    for part in filter(None, (m.group("params") or "").split(",")):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in _FAMILIES[family]:
+            raise InputError(f"failure distribution {spec!r}: unexpected parameter {part!r}")
+        try:
+            params[key] = float(value)
+        except ValueError:
+            raise InputError(f"failure distribution {spec!r}: {key} must be a number") from None
+    missing = [k for k in _FAMILIES[family] if k not in params]
+    if missing:
+        raise InputError(f"failure distribution {spec!r} needs {missing[0]}=VALUE")
+    if family == "exponential":
+        return Exponential(_positive("MTBF", mean_s))
+    if family == "weibull":
+        return Weibull.from_mean(mean_s, params["shape"])
+    return LogNormal.from_mean(mean_s, params["sigma"])

@@ -1,0 +1,193 @@
+"""Scenarios: one training job on one cluster — the inputs every ckptsim answer starts from.
+
+A scenario is a frozen dataclass, read from a flat TOML file whose keys are the field names
+(``gpus = 16384``, ``gpu_mtbf_h = 50677``); command-line flags override file values. Presets
+(Llama 3, OPT-175B, BLOOM-176B, Titan) are TOML files shipped in ``simulator/presets/`` with
+their sources in comments; ``load_scenario("llama3")`` reads one by name.
+Field names carry their units; ``*_s`` properties give SI seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import InputError
+from simulator.failures import Lifetime, parse_failure
+
+__all__ = ["DEFAULT_PRESET", "Scenario", "load_scenario", "preset_names"]
+
+DEFAULT_PRESET = "llama3"
+
+
+def _check_positive(name: str, value, unit: str, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{name} must be a number of {unit}, got {value!r}")
+    bad = value < 0 if allow_zero else value <= 0
+    if not math.isfinite(value) or bad:
+        sign = "non-negative" if allow_zero else "positive"
+        raise InputError(f"{name} must be a {sign} number of {unit}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """One training job on one cluster."""
+
+    name: str = "custom"
+    """A label for reports."""
+    gpus: int | None = None
+    """GPUs the job runs on."""
+    gpus_per_node: int = 8
+    """GPUs per node (a node is the unit that is rescheduled onto a spare)."""
+    failure: str = "exponential"
+    """Per-GPU lifetime family: ``exponential``, ``weibull:shape=K`` or ``lognormal:sigma=S``."""
+    gpu_mtbf_h: float | None = None
+    """Mean time between failures of one GPU, hours (system MTBF = this / gpus)."""
+    mtbf_h: float | None = None
+    """Mean time between failures of the whole job, hours; exclusive with ``gpu_mtbf_h``."""
+    checkpoint_s: float = 60.0
+    """Training stall of one checkpoint save, seconds (δ)."""
+    restart_s: float = 600.0
+    """Time from a failure until training runs again, seconds (R)."""
+    work_h: float | None = None
+    """Failure-free compute time the job needs, hours (Ts)."""
+    usd_per_gpu_hour: float | None = None
+    """Price of one GPU-hour, US dollars."""
+    checkpoint_bytes: float | None = None
+    """Size of one complete checkpoint, bytes (for storage cost and load time)."""
+    usd_per_gb_month: float | None = None
+    """Storage price, US dollars per GB (1e9 bytes) per month."""
+    checkpoints_retained: int = 2
+    """Checkpoints kept on storage at once (storage cost)."""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise InputError(f"name must be a non-empty string, got {self.name!r}")
+        for name in ("gpus", "gpus_per_node", "checkpoints_retained"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputError(f"{name} must be a whole number, got {value!r}")
+            _check_positive(name, value, "(count)")
+        _check_positive("gpu_mtbf_h", self.gpu_mtbf_h, "hours")
+        _check_positive("mtbf_h", self.mtbf_h, "hours")
+        _check_positive("checkpoint_s", self.checkpoint_s, "seconds")
+        _check_positive("restart_s", self.restart_s, "seconds", allow_zero=True)
+        _check_positive("work_h", self.work_h, "hours")
+        _check_positive("usd_per_gpu_hour", self.usd_per_gpu_hour, "US dollars", allow_zero=True)
+        _check_positive("checkpoint_bytes", self.checkpoint_bytes, "bytes")
+        _check_positive("usd_per_gb_month", self.usd_per_gb_month, "US dollars", allow_zero=True)
+        if self.gpu_mtbf_h is not None and self.mtbf_h is not None:
+            raise InputError("give either mtbf_h (system) or gpu_mtbf_h (per GPU), not both")
+        if self.gpu_mtbf_h is not None and self.gpus is None:
+            raise InputError("gpu_mtbf_h (per-GPU MTBF) needs gpus to scale to the cluster")
+        if self.gpus is not None and self.gpus_per_node > self.gpus:
+            raise InputError(f"gpus_per_node ({self.gpus_per_node}) exceeds gpus ({self.gpus})")
+        parse_failure(self.failure, 3600.0)  # validates the family spec early
+
+    # -- derived values (seconds) -------------------------------------------------------
+    @property
+    def has_mtbf(self) -> bool:
+        return self.mtbf_h is not None or self.gpu_mtbf_h is not None
+
+    @property
+    def system_mtbf_s(self) -> float:
+        """Long-run mean time between failures of the job, seconds."""
+        if self.mtbf_h is not None:
+            return self.mtbf_h * 3600.0
+        if self.gpu_mtbf_h is not None:
+            return self.gpu_mtbf_h * 3600.0 / self.gpus
+        raise InputError("no failure rate: give mtbf_h, or gpus and gpu_mtbf_h")
+
+    @property
+    def gpu_mtbf_s(self) -> float:
+        """Mean lifetime of one GPU, seconds (from the system MTBF when only that is given)."""
+        if self.gpu_mtbf_h is not None:
+            return self.gpu_mtbf_h * 3600.0
+        if self.gpus is None:
+            raise InputError("a per-GPU failure model needs gpus")
+        return self.system_mtbf_s * self.gpus
+
+    @property
+    def work_s(self) -> float | None:
+        return None if self.work_h is None else self.work_h * 3600.0
+
+    def gpu_lifetime(self) -> Lifetime:
+        """The per-GPU lifetime distribution."""
+        return parse_failure(self.failure, self.gpu_mtbf_s)
+
+    def system_lifetime(self) -> Lifetime:
+        """The job's time-between-failures model when the cluster is treated as one unit."""
+        return parse_failure(self.failure, self.system_mtbf_s)
+
+    # -- construction -------------------------------------------------------------------
+    def with_overrides(self, **overrides: Any) -> Scenario:
+        """A copy with the given non-None fields replaced (command-line flags over a file).
+
+        Setting one of ``mtbf_h``/``gpu_mtbf_h`` clears the other, so a flag can switch
+        a file's per-GPU rate to a system rate.
+        """
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "mtbf_h" in given and "gpu_mtbf_h" not in given:
+            given["gpu_mtbf_h"] = None
+        if "gpu_mtbf_h" in given and "mtbf_h" not in given:
+            given["mtbf_h"] = None
+        return dataclasses.replace(self, **given)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], source: str = "scenario") -> Scenario:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(
+                f"{source}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})"
+            )
+        try:
+            return cls(**data)
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Scenario:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot read scenario file {path}: {exc.strerror}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InputError(f"{path}: malformed TOML ({exc})") from None
+        data.setdefault("name", path.stem)
+        return cls.from_mapping(data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped presets."""
+    folder = resources.files("simulator") / "presets"
+    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
+    """A preset by name (``llama3``), or a TOML file by path; None gives the default preset."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_PRESET
+    text = str(name_or_path)
+    if text in preset_names():
+        with resources.as_file(resources.files("simulator") / "presets" / f"{text}.toml") as p:
+            return Scenario.from_toml(p)
+    path = Path(text)
+    if not path.exists():
+        raise InputError(
+            f"scenario {text!r} is neither a file nor a preset ({', '.join(preset_names())})"
+        )
+    return Scenario.from_toml(path)
