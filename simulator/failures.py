@@ -19,6 +19,16 @@ a superposition of ``n`` renewal processes, not one renewal process. Over a long
 to ``n / mean`` failures per second (renewal theorem; ``long_run_rate``), which is why
 ``system_mtbf_s`` is ``mean / n`` for every family, while the gap after a restart is not drawn
 from one fixed distribution.
+
+What real GPUs do
+-----------------
+Studies of time between node failures in HPC systems often report a decreasing hazard
+(Weibull ``k < 1``; Schroeder & Gibson, DSN 2006), but the per-GPU lifetimes of the Titan trace
+(18,688 K20X GPUs, Ostrouchov et al., SC '20; ``simulator.titan``, ``reports/titan-fit.md``)
+show the opposite: fitted with censoring, service time to the first DBE/OTB event is Weibull
+with shape about 2.7 (wear-out), beating exponential by thousands of AIC points. Then
+``first_failure`` of a fresh machine is weeks, far *later* than ``mean / n`` (hours): how old
+the GPUs are matters as much as how many there are.
 """
 
 from __future__ import annotations
@@ -125,7 +135,7 @@ class Exponential(Lifetime):
         return rng.exponential(self.mean, size)
 
     def survival(self, t_s):
-        return np.exp(-np.asarray(t_s, dtype=float) / self.mean)
+        return np.exp(-np.maximum(np.asarray(t_s, dtype=float), 0.0) / self.mean)
 
     def hazard(self, t_s):
         return np.full_like(np.asarray(t_s, dtype=float), 1.0 / self.mean)
@@ -166,7 +176,8 @@ class Weibull(Lifetime):
         return self.scale * rng.weibull(self.shape, size)
 
     def survival(self, t_s):
-        return np.exp(-((np.asarray(t_s, dtype=float) / self.scale) ** self.shape))
+        t = np.maximum(np.asarray(t_s, dtype=float), 0.0)
+        return np.exp(-((t / self.scale) ** self.shape))
 
     def hazard(self, t_s):
         t = np.asarray(t_s, dtype=float)
@@ -287,9 +298,7 @@ class MinOf(Lifetime):
     """Time to the first failure among ``n`` fresh, independent components."""
 
     def __init__(self, component: Lifetime, n: int):
-        if int(n) < 1:
-            raise InputError(f"component count must be >= 1, got {n!r}")
-        self.component, self.n = component, int(n)
+        self.component, self.n = component, _count(n)
         self.family = f"min{self.n}({component.family})"
 
     def survival(self, t_s):
@@ -316,13 +325,32 @@ class MinOf(Lifetime):
         value, _ = integrate.quad(lambda t: float(self.survival(t)), 0.0, upper, limit=200)
         return value
 
+    def residual_sample(self, rng, age_s, size=None):
+        # All n survived age a; the remaining time x to the first of them failing satisfies
+        # S(a + x) / S(a) = U^(1/n) for one uniform U (the n residual survivals multiply).
+        age = np.asarray(age_s, dtype=float)
+        u = rng.random(size if size is not None else age.shape)
+        frozen = self.component._frozen()
+        logsf = frozen.logsf(age) + np.log(u) / self.n
+        return np.maximum(frozen.isf(np.exp(logsf)) - age, 0.0)
+
     def with_mean(self, mean_s):
         raise NotImplementedError("rescale the component instead")
 
 
+def _count(n) -> int:
+    try:
+        ok = not isinstance(n, bool) and int(n) == n and int(n) >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise InputError(f"component count must be a whole number >= 1, got {n!r}")
+    return int(n)
+
+
 def first_failure(component: Lifetime, n: int) -> Lifetime:
     """Distribution of the time to the first failure among ``n`` fresh components."""
-    n = int(n)
+    n = _count(n)
     if isinstance(component, Exponential):
         return Exponential(component.mean / n)
     if isinstance(component, Weibull):
@@ -332,12 +360,12 @@ def first_failure(component: Lifetime, n: int) -> Lifetime:
 
 def long_run_rate(component: Lifetime, n: int) -> float:
     """Failures per second of ``n`` components, each replaced on failure, over a long run."""
-    return int(n) / component.mean_s
+    return _count(n) / component.mean_s
 
 
 def system_mtbf_s(component: Lifetime, n: int) -> float:
     """Long-run mean time between failures of a cluster of ``n`` components (seconds)."""
-    return component.mean_s / int(n)
+    return component.mean_s / _count(n)
 
 
 _SPEC = re.compile(r"^\s*(?P<family>[a-z]+)\s*(?::(?P<params>.*))?$")
