@@ -68,8 +68,10 @@ def daly_wall_time(tau, delta, mtbf, restart, solve):
     with the last segment counted as a full τ.
     """
     tau, delta, mtbf, restart, solve = _arrays(tau, delta, mtbf, restart, solve)
-    # expm1 keeps precision when τ + δ << M (the usual regime on large clusters).
-    wall = mtbf * np.exp(restart / mtbf) * np.expm1((tau + delta) / mtbf) * solve / tau
+    # expm1 keeps precision when τ + δ << M (the usual regime on large clusters). When
+    # (τ + δ)/M passes ~700 the expected wall time is +inf, which is the right limit.
+    with np.errstate(over="ignore"):
+        wall = mtbf * np.exp(restart / mtbf) * np.expm1((tau + delta) / mtbf) * solve / tau
     return _scalar_or_array(wall)
 
 
@@ -81,8 +83,44 @@ def optimal_interval(delta, mtbf):
     T_w, so it does not move the optimum.
     """
     delta, mtbf = _arrays(delta, mtbf)
-    w = lambertw(-np.exp(-1.0 - delta / mtbf), 0).real
-    return _scalar_or_array(mtbf * (1.0 + w))
+    return _scalar_or_array(mtbf * _optimal_fraction(delta / mtbf))
+
+
+def _optimal_fraction(x):
+    """τ*/M as a function of x = δ/M: the root a ∈ (0, 1) of −a − ln(1 − a) = x.
+
+    For δ << M the Lambert-W argument sits next to the branch point −1/e, where 1 + W₀ is
+    a difference of nearly equal numbers and loses about log10(M/δ) digits (relative error
+    ~1e-5 at δ/M = 1e-12). So the W₀ value (or, very near the branch point, its series) is
+    only the start: two Newton steps on the well-conditioned equation above restore full
+    precision.
+    """
+    x = np.asarray(x, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a = 1.0 + lambertw(-np.exp(-1.0 - x), 0).real
+        # Series of 1 + W₀ about the branch point in p = sqrt(2(1 + e·z)) (Corless et al. 1996).
+        p = np.sqrt(-2.0 * np.expm1(-x))
+        series = p * (1.0 + p * (-1.0 / 3.0 + p * (11.0 / 72.0 - p * 43.0 / 540.0)))
+        a = np.where(x < 1e-4, series, a)
+        # Newton only where a stays well inside (0, 1); for x >= 1 W₀ is far from its branch
+        # point and already exact, while 1 − a underflows as x grows.
+        refine = (x > 0) & (x < 1.0)
+        for _ in range(2):
+            a_in = np.clip(a, 1e-300, 0.9)
+            step = (_phi(a_in) - x) * (1.0 - a_in) / a_in  # φ'(a) = a / (1 − a)
+            a = np.where(refine, a_in - step, a)
+    return a
+
+
+def _phi(a):
+    """−a − ln(1 − a) = Σ_{k≥2} aᵏ/k, summed as a series for small a to avoid cancellation."""
+    direct = -a - np.log1p(-a)
+    small = np.minimum(a, 0.1)
+    # Horner form of a²·Σ_{k=2}^{21} a^(k−2)/k; the first dropped term is below 1e-20 relative.
+    acc = np.zeros_like(small)
+    for k in range(21, 1, -1):
+        acc = acc * small + 1.0 / k
+    return np.where(a < 0.1, small * small * acc, direct)
 
 
 def waste_fraction(tau, delta, mtbf, restart):

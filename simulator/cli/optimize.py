@@ -1,0 +1,383 @@
+"""``ckptsim optimize``: the best checkpoint interval for one job, from the closed forms.
+
+For exponential failures with system MTBF M, save cost δ and restart cost R, Daly's expected
+wall time T_w(τ) is exact, so its minimiser τ* (Lambert W) is the best fixed interval. The
+command sets Young's, Daly's first- and higher-order estimates and the usual defaults (every
+30 min, hourly, every 3 h, every 500/1000 steps) beside τ*, with their waste, expected wall
+time and money lost per day. ``recommend`` builds the result (the dict ``--json`` prints) and
+``render`` the human table, so ``ckptsim demo`` reuses both.
+
+An interval here is compute time between saves (τ); each save stalls training for δ on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import textwrap
+from typing import Any
+
+from simulator.cli.common import add_scenario_flags, positive_float
+from simulator.errors import InputError
+
+DESCRIPTION = """\
+How often should this job checkpoint? Given the cluster's failure rate (a system MTBF, or
+GPUs and a per-GPU MTBF), the training stall of one save (δ) and the time to restart (R),
+print the interval that minimises expected wall time, and set the classic estimates (Young
+1974, Daly 2006) and the usual defaults (every 30 min, hourly, every 3 h, every 500 or 1000
+steps) beside it: waste, expected wall time for --work-h hours of compute, and money lost per
+day at --usd-per-gpu-hour. The formulas assume exponential (memoryless) failures; for Weibull
+or measured failure models, check the answer with `ckptsim simulate`."""
+
+EPILOG = """\
+examples:
+  ckptsim optimize
+      the embedded default: Llama 3 405B on 16,384 H100s (Meta's published failure rate)
+  ckptsim optimize --gpus 1024 --gpu-mtbf-h 50000 --checkpoint-s 90 --restart-s 900 \\
+      --work-h 720 --usd-per-gpu-hour 2.5 --step-s 4.2
+  ckptsim optimize --scenario opt175b --checkpoint-s 60 --json
+
+Intervals are compute time between saves; every save stalls training for --checkpoint-s.
+Presets: llama3, opt175b, bloom176b (simulator/presets/*.toml, with their sources)."""
+
+HOUR = 3600.0
+
+# The defaults people actually configure: wall-clock timers and step counts.
+TIMED_DEFAULTS = (("every 30 min", 1800.0), ("hourly", 3600.0), ("every 3 h", 3 * 3600.0))
+STEP_DEFAULTS = (500, 1000)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "optimize",
+        help="best checkpoint interval, waste and money lost (closed forms)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
+    add_scenario_flags(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--step-s",
+        type=positive_float("seconds"),
+        metavar="S",
+        help="time per training step, seconds (adds the every-500/1000-steps defaults)",
+    )
+    out.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.set_defaults(func=run)
+
+
+def checkpoint_cost_s(args: argparse.Namespace, scenario) -> float:
+    """The training stall of one save, seconds (δ).
+
+    Today: --checkpoint-s, else the scenario's stall (``scenario_stall_s``). A measured cost
+    profile from ``ckptsim bench`` (--profile FILE --params P) belongs here, ahead of both.
+    """
+    if getattr(args, "checkpoint_s", None) is not None:
+        return float(args.checkpoint_s)
+    return scenario_stall_s(scenario)
+
+
+def scenario_stall_s(scenario) -> float:
+    """δ from a scenario: the staging copy of an async save, else the write (or checkpoint_s)."""
+    return float(getattr(scenario, "save_stall_s", scenario.checkpoint_s))
+
+
+def scenario_recovery_s(scenario) -> float:
+    """R from a scenario: detection + restart + checkpoint load + warm-up, seconds."""
+    return float(getattr(scenario, "recovery_s", scenario.restart_s))
+
+
+def run(args: argparse.Namespace) -> int:
+    from simulator.cli.common import (
+        SCENARIO_FLAGS,
+        print_json,
+        scenario_from_args,
+        uses_default_preset,
+    )
+    from simulator.scenario import DEFAULT_PRESET
+
+    default = uses_default_preset(args)
+    scenario = scenario_from_args(args)
+    if not scenario.has_mtbf:
+        raise InputError(
+            "no failure rate: give --mtbf-h HOURS (system MTBF), or --gpus N with "
+            "--gpu-mtbf-h HOURS, or a --scenario (file with mtbf_h or gpu_mtbf_h, or a preset)"
+        )
+    if default:
+        source = f"embedded default preset {DEFAULT_PRESET}"
+    elif args.scenario:
+        flags = any(getattr(args, k, None) is not None for k in SCENARIO_FLAGS)
+        source = f"--scenario {args.scenario}" + (" with flag overrides" if flags else "")
+    else:
+        source = "command-line flags"
+    if default:
+        print(
+            f"note: no --scenario or flags given, so this is the {source} "
+            f"({scenario.gpus:,} GPUs); see --help to describe your own job",
+            file=sys.stderr,
+        )
+    delta_s = checkpoint_cost_s(args, scenario)
+    result = recommend(scenario, step_s=args.step_s, checkpoint_s=delta_s, source=source)
+    if args.json:
+        for warning in result["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+        print_json(result)
+    else:
+        print(render(result))
+    return 0
+
+
+# -- the result ---------------------------------------------------------------------------
+def recommend(
+    scenario,
+    step_s: float | None = None,
+    *,
+    checkpoint_s: float | None = None,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """Closed-form intervals, usual defaults and their costs for ``scenario`` (a dict).
+
+    ``step_s`` (seconds per training step) adds the every-500/1000-steps defaults and step
+    counts; ``checkpoint_s`` replaces the scenario's save stall δ (a measured cost);
+    ``source`` says where the scenario came from. Money needs ``gpus`` and
+    ``usd_per_gpu_hour``; expected wall time needs ``work_h``.
+    """
+    from simulator import analytic, cost
+
+    if step_s is not None and not (math.isfinite(step_s) and step_s > 0):
+        raise InputError(f"step_s must be a positive number of seconds, got {step_s!r}")
+    if checkpoint_s is not None and not (math.isfinite(checkpoint_s) and checkpoint_s > 0):
+        raise InputError(f"checkpoint_s must be a positive number of seconds, got {checkpoint_s!r}")
+    mtbf_s = scenario.system_mtbf_s
+    delta_s = scenario_stall_s(scenario) if checkpoint_s is None else float(checkpoint_s)
+    restart_s = scenario_recovery_s(scenario)
+    work_h, gpus, price = scenario.work_h, scenario.gpus, scenario.usd_per_gpu_hour
+    money = gpus is not None and price is not None
+
+    candidates = [
+        ("young", "Young (1974)", analytic.young_interval(delta_s, mtbf_s)),
+        (
+            "daly_first_order",
+            "Daly first order",
+            analytic.daly_first_order_interval(delta_s, mtbf_s, restart_s),
+        ),
+        ("daly", "Daly higher order", analytic.daly_interval(delta_s, mtbf_s)),
+        ("optimal", "exact optimum", analytic.optimal_interval(delta_s, mtbf_s)),
+    ]
+    candidates += [(label.replace(" ", "_"), label, s) for label, s in TIMED_DEFAULTS]
+    if step_s is not None:
+        candidates += [(f"every_{n}_steps", f"every {n} steps", n * step_s) for n in STEP_DEFAULTS]
+
+    def evaluate(key, label, interval_s):
+        waste = float(analytic.waste_fraction(interval_s, delta_s, mtbf_s, restart_s))
+        row = {"key": key, "label": label, "interval_s": float(interval_s), "waste_fraction": waste}
+        if step_s is not None:
+            row["steps"] = interval_s / step_s
+        if work_h is not None:
+            row["expected_wall_h"] = float(
+                cost.expected_wall_h(interval_s, delta_s, mtbf_s, restart_s, work_h)
+            )
+        if money:
+            row["usd_lost_per_day"] = float(cost.usd_lost_per_day(gpus, price, waste))
+        return row
+
+    rows = [evaluate(*c) for c in candidates]
+    best = next(r for r in rows if r["key"] == "optimal")
+    # Nothing beats the exact optimum; a negative excess could only be float rounding.
+    for row in rows:
+        row["excess_waste_fraction"] = max(0.0, row["waste_fraction"] - best["waste_fraction"])
+        if work_h is not None:
+            row["excess_wall_h"] = max(0.0, row["expected_wall_h"] - best["expected_wall_h"])
+        if money:
+            excess = row["usd_lost_per_day"] - best["usd_lost_per_day"]
+            row["excess_usd_per_day"] = max(0.0, excess)
+
+    by_key = {r["key"]: r for r in rows}
+    result: dict[str, Any] = {
+        "scenario": scenario.to_dict(),
+        "scenario_source": source,
+        "failure": scenario.failure,
+        "gpus": gpus,
+        "system_mtbf_s": mtbf_s,
+        "system_mtbf_h": mtbf_s / HOUR,
+        "checkpoint_s": delta_s,
+        "restart_s": restart_s,
+        "step_s": step_s,
+        "young_interval_s": by_key["young"]["interval_s"],
+        "daly_first_order_interval_s": by_key["daly_first_order"]["interval_s"],
+        "daly_interval_s": by_key["daly"]["interval_s"],
+        "optimal_interval_s": best["interval_s"],
+        "optimal_waste_fraction": best["waste_fraction"],
+    }
+    if work_h is not None:
+        result["work_h"] = work_h
+        result["expected_wall_h"] = best["expected_wall_h"]
+    if money:
+        day = cost.daily_cost(
+            gpus=gpus,
+            usd_per_gpu_hour=price,
+            waste_fraction=best["waste_fraction"],
+            checkpoint_bytes=scenario.checkpoint_bytes,
+            checkpoints_retained=scenario.checkpoints_retained,
+            usd_per_gb_month=scenario.usd_per_gb_month,
+        )
+        result["usd_per_gpu_hour"] = price
+        result["ideal_usd_per_day"] = day.ideal_usd
+        result["usd_lost_per_day"] = day.lost_usd
+        result["storage_usd_per_day"] = day.storage_usd
+        if work_h is not None:
+            job = cost.job_cost(
+                gpus=gpus,
+                usd_per_gpu_hour=price,
+                work_h=work_h,
+                expected_wall_h=best["expected_wall_h"],
+                storage_usd_per_day=day.storage_usd,
+            )
+            result["ideal_job_usd"] = job.ideal_usd
+            result["expected_job_usd"] = job.expected_usd
+    result["rows"] = rows
+    result["warnings"] = _warnings(scenario, delta_s, mtbf_s)
+    result["recommendation"] = _recommendation(result)
+    return result
+
+
+def _warnings(scenario, delta_s: float, mtbf_s: float) -> list[str]:
+    warnings = []
+    if delta_s >= mtbf_s:
+        branch = " (Daly's τ = M branch)" if delta_s >= 2 * mtbf_s else ""
+        warnings.append(
+            f"checkpointing cannot keep up: a save ({fmt_duration(delta_s)}) outlasts the "
+            f"system MTBF ({fmt_duration(mtbf_s)}){branch}; make saves cheaper first"
+        )
+    if not scenario.failure.strip().lower().startswith("exponential"):
+        warnings.append(
+            f"the closed forms assume exponential failures; {scenario.failure} enters only "
+            "through its mean (system MTBF) — check with `ckptsim simulate`"
+        )
+    return warnings
+
+
+def _recommendation(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    best = next(r for r in rows if r["key"] == "optimal")
+    money = "usd_lost_per_day" in best
+    text = f"Recommendation: save every {fmt_duration(best['interval_s'])} of compute"
+    if "steps" in best:
+        text += f" (every {max(1, round(best['steps'])):,} steps)"
+    text += f": {fmt_percent(best['waste_fraction'])} waste"
+    if money:
+        text += f", {fmt_usd(best['usd_lost_per_day'])}/day lost"
+    defaults = [r for r in rows if r["key"] not in _FORMULA_KEYS]
+    closest = min(defaults, key=lambda r: r["waste_fraction"])
+    if money and closest["excess_usd_per_day"] >= 0.5:
+        excess = f"loses {fmt_usd(closest['excess_usd_per_day'])}/day more"
+    elif "excess_wall_h" in closest and closest["excess_wall_h"] >= 0.05:
+        excess = f"takes {fmt_hours(closest['excess_wall_h'])} longer"
+    elif not money and closest["excess_waste_fraction"] >= 5e-5:
+        excess = f"wastes {100 * closest['excess_waste_fraction']:.2f} points more"
+    else:
+        excess = "is as good"
+    return f"{text}; the best usual default ({closest['label']}) {excess}."
+
+
+_FORMULA_KEYS = ("young", "daly_first_order", "daly", "optimal")
+
+
+# -- the human table ----------------------------------------------------------------------
+def fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "inf"
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < HOUR:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 100 * HOUR:
+        return f"{seconds / HOUR:.2f} h"
+    return f"{seconds / HOUR:,.0f} h"
+
+
+def fmt_percent(fraction: float) -> str:
+    return f"{100 * fraction:.2f}%"
+
+
+def fmt_usd(usd: float) -> str:
+    return "inf" if not math.isfinite(usd) else f"${usd:,.0f}"
+
+
+def fmt_hours(hours: float) -> str:
+    if not math.isfinite(hours):
+        return "inf"
+    return f"{hours:,.1f} h" if abs(hours) < 1000 else f"{hours:,.0f} h"
+
+
+def render(result: dict[str, Any], width: int = 100) -> str:
+    """The human report for a ``recommend`` result: header, table, recommendation."""
+    s = result["scenario"]
+    gpus = result.get("gpus")
+    cluster = f"{gpus:,} GPUs, " if gpus else ""
+    per_gpu = f" (per GPU {s['gpu_mtbf_h']:,.0f} h)" if "gpu_mtbf_h" in s else ""
+    costs = f"save δ {fmt_duration(result['checkpoint_s'])}, restart R "
+    costs += fmt_duration(result["restart_s"])
+    if result["restart_s"] != s.get("restart_s", result["restart_s"]):
+        costs += " (detection + restart + load + warm-up)"
+    if "work_h" in result:
+        costs += f", work {result['work_h']:,.0f} h"
+    if "usd_per_gpu_hour" in result:
+        costs += f", ${result['usd_per_gpu_hour']:.2f} per GPU-hour"
+    if result.get("step_s"):
+        costs += f", {result['step_s']:.3g} s per step"
+    source = result.get("scenario_source")
+    title = s.get("name", "scenario") + (f" ({source})" if source else "")
+    if source == "command-line flags":
+        title = "job described by command-line flags"
+    lines = [
+        f"ckptsim optimize: {title}",
+        f"  cluster  {cluster}{result['failure']} failures, system MTBF "
+        f"{fmt_duration(result['system_mtbf_s'])}{per_gpu}",
+        f"  costs    {costs}",
+    ]
+    for warning in result["warnings"]:
+        lines += textwrap.wrap(f"warning: {warning}", width=width, subsequent_indent="  ")
+    lines += ["", _table(result["rows"]), ""]
+    lines += textwrap.wrap(result["recommendation"], width=width, subsequent_indent="  ")
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    first = rows[0]
+    columns = [("policy", lambda r: r["label"] + (" *" if r["key"] == "optimal" else ""), "<")]
+    columns.append(("interval", lambda r: fmt_duration(r["interval_s"]), ">"))
+    if "steps" in first:
+        columns.append(("steps", lambda r: f"{r['steps']:,.0f}", ">"))
+    columns.append(("waste", lambda r: fmt_percent(r["waste_fraction"]), ">"))
+    if "expected_wall_h" in first:
+        columns.append(("expected wall", lambda r: fmt_hours(r["expected_wall_h"]), ">"))
+    if "usd_lost_per_day" in first:
+        columns.append(("lost per day", lambda r: fmt_usd(r["usd_lost_per_day"]), ">"))
+        columns.append(("excess per day", lambda r: _plus(fmt_usd(r["excess_usd_per_day"])), ">"))
+    elif "expected_wall_h" in first:
+        columns.append(("excess wall", lambda r: _plus(fmt_hours(r["excess_wall_h"])), ">"))
+    else:
+        columns.append(
+            ("excess waste", lambda r: f"+{100 * r['excess_waste_fraction']:.2f} pts", ">")
+        )
+    cells = [[render_cell(r) for _, render_cell, _ in columns] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(columns)]
+
+    def line(values):
+        return "  ".join(
+            f"{v:{a}{w}}" for v, w, (_, _, a) in zip(values, widths, columns, strict=True)
+        )
+
+    out = [line([h for h, _, _ in columns]), line(["-" * w for w in widths])]
+    for i, row in enumerate(rows):
+        if i and row["key"] not in _FORMULA_KEYS and rows[i - 1]["key"] in _FORMULA_KEYS:
+            out.append("")  # closed forms above, the usual defaults below
+        out.append(line(cells[i]).rstrip())
+    out.append("* minimises Daly's expected wall time exactly (Lambert W)")
+    return "\n".join(out)
+
+
+def _plus(text: str) -> str:
+    return text if text.startswith("-") or text == "inf" else "+" + text

@@ -1,0 +1,148 @@
+"""Scenarios: validation messages, TOML files, the shipped presets, and flag overrides."""
+
+import dataclasses
+
+import pytest
+
+from simulator.errors import InputError
+from simulator.scenario import DEFAULT_PRESET, Scenario, load_scenario, preset_names
+
+HOUR = 3600.0
+
+
+def write(tmp_path, text, name="job.toml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- presets: the system MTBF each implies must match the failure counts in its source ------
+@pytest.mark.parametrize(
+    ("preset", "gpus", "system_mtbf_h"),
+    [
+        # Llama 3 paper §3.3.4: 419 unexpected interruptions in 54 days on 16,384 GPUs.
+        ("llama3", 16384, 54 * 24 / 419),
+        # OPT-175B logbook: about 2 machines down per day on 1,024 A100s.
+        ("opt175b", 1024, 24 / 2),
+        # BLOOM-176B: 1-2 GPU failures a week (1.5/week) on 384 A100s.
+        ("bloom176b", 384, 7 * 24 / 1.5),
+    ],
+)
+def test_presets_reproduce_the_failure_rates_of_their_sources(preset, gpus, system_mtbf_h):
+    scenario = load_scenario(preset)
+    assert scenario.gpus == gpus
+    assert scenario.system_mtbf_s / HOUR == pytest.approx(system_mtbf_h, rel=1e-3)
+    assert scenario.failure == "exponential"
+
+
+def test_every_shipped_preset_loads_with_a_failure_rate():
+    names = preset_names()
+    assert {"llama3", "opt175b", "bloom176b"} <= set(names)
+    for name in names:
+        scenario = load_scenario(name)
+        assert scenario.has_mtbf
+        assert scenario.system_mtbf_s > 0
+        assert scenario.system_lifetime().mean_s == pytest.approx(scenario.system_mtbf_s)
+
+
+def test_no_name_loads_the_default_preset():
+    assert DEFAULT_PRESET == "llama3"
+    assert load_scenario() == load_scenario("llama3")
+
+
+# -- TOML files -----------------------------------------------------------------------------
+def test_a_toml_file_reads_into_the_same_fields_and_takes_its_name_from_the_file(tmp_path):
+    path = write(tmp_path, "gpus = 64\nmtbf_h = 5.0\ncheckpoint_s = 30\nwork_h = 100.0\n")
+    scenario = load_scenario(str(path))
+    assert scenario.name == "job"
+    assert (scenario.gpus, scenario.mtbf_h, scenario.checkpoint_s, scenario.work_h) == (
+        64,
+        5.0,
+        30,
+        100.0,
+    )
+    assert scenario.system_mtbf_s == 5 * HOUR
+    assert scenario.restart_s == Scenario().restart_s  # unset fields keep their defaults
+
+
+def test_round_trip_through_to_dict_gives_an_equal_scenario():
+    scenario = load_scenario("opt175b")
+    assert Scenario.from_mapping(scenario.to_dict()) == scenario
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("gpus = [1, 2\n", "malformed TOML"),
+        ("gpus = 64\nmtbf = 5.0\n", "unknown field 'mtbf'"),
+        ('checkpoint_s = "fast"\n', "checkpoint_s must be a number of seconds"),
+        ("checkpoint_s = 0\n", "checkpoint_s must be a positive number of seconds"),
+        ("restart_s = -1\n", "restart_s must be a non-negative number of seconds"),
+        ("mtbf_h = inf\n", "mtbf_h must be a positive number of hours"),
+        ("gpus = 64.0\n", "gpus must be a whole number"),
+        ("gpus = true\n", "gpus must be a whole number"),
+        ("gpu_mtbf_h = 1000.0\n", "gpu_mtbf_h (per-GPU MTBF) needs gpus"),
+        ("gpus = 8\nmtbf_h = 1.0\ngpu_mtbf_h = 8.0\n", "either mtbf_h"),
+        ('failure = "gamma"\n', "unknown failure distribution 'gamma'"),
+        ('failure = "weibull"\n', "needs shape=VALUE"),
+        ("gpus = 4\ngpus_per_node = 8\n", "gpus_per_node (8) exceeds gpus (4)"),
+        ("usd_per_gpu_hour = -2.0\n", "usd_per_gpu_hour must be a non-negative number of US"),
+    ],
+)
+def test_bad_toml_is_one_line_naming_the_file_and_the_field(tmp_path, text, needle):
+    path = write(tmp_path, text)
+    with pytest.raises(InputError) as info:
+        load_scenario(str(path))
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+    assert str(path) in message
+
+
+def test_a_missing_file_that_is_no_preset_lists_the_presets():
+    with pytest.raises(InputError, match=r"neither a file nor a preset.*llama3"):
+        load_scenario("no-such-scenario.toml")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="scenario.py bug (reported to H3): from_toml catches OSError but not "
+    "UnicodeDecodeError, so a non-UTF-8 file raises a traceback instead of InputError",
+)
+def test_a_file_that_is_not_utf8_is_one_line_not_a_traceback(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(InputError, match=r"latin1\.toml"):
+        load_scenario(str(path))
+
+
+# -- overrides (command-line flags over a file) ---------------------------------------------
+def test_flags_override_file_values_and_none_means_keep():
+    base = load_scenario("llama3")
+    changed = base.with_overrides(checkpoint_s=30.0, restart_s=None, gpus=8192)
+    assert changed.checkpoint_s == 30.0
+    assert changed.restart_s == base.restart_s
+    # Per-GPU MTBF stays, so halving the cluster doubles the system MTBF.
+    assert changed.system_mtbf_s == pytest.approx(2 * base.system_mtbf_s)
+
+
+def test_a_system_mtbf_flag_replaces_a_files_per_gpu_mtbf_and_back():
+    base = load_scenario("llama3")
+    system = base.with_overrides(mtbf_h=2.0)
+    assert system.gpu_mtbf_h is None and system.system_mtbf_s == 2 * HOUR
+    per_gpu = system.with_overrides(gpu_mtbf_h=16384 * 4.0)
+    assert per_gpu.mtbf_h is None and per_gpu.system_mtbf_s == pytest.approx(4 * HOUR)
+
+
+def test_an_override_is_validated_like_a_file_value():
+    with pytest.raises(InputError, match="checkpoint_s must be a positive number of seconds"):
+        load_scenario("llama3").with_overrides(checkpoint_s=-5.0)
+
+
+def test_scenarios_are_frozen_and_a_missing_failure_rate_is_named():
+    scenario = Scenario(gpus=8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        scenario.gpus = 16
+    assert not scenario.has_mtbf
+    with pytest.raises(InputError, match="no failure rate"):
+        _ = scenario.system_mtbf_s
