@@ -39,7 +39,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import special, stats
 
 from simulator.errors import InputError
 
@@ -148,6 +147,8 @@ class Exponential(Lifetime):
         return Exponential(mean_s)
 
     def _frozen(self):
+        from scipy import stats  # lazy: keeps `ckptsim --help` and simulator imports fast
+
         return stats.expon(scale=self.mean)
 
 
@@ -166,11 +167,11 @@ class Weibull(Lifetime):
     @classmethod
     def from_mean(cls, mean_s: float, shape: float) -> Weibull:
         _positive("weibull shape", shape, "(dimensionless)")
-        return cls(shape, _positive("mean", mean_s) / special.gamma(1.0 + 1.0 / shape))
+        return cls(shape, _positive("mean", mean_s) / math.gamma(1.0 + 1.0 / shape))
 
     @property
     def mean_s(self) -> float:
-        return float(self.scale * special.gamma(1.0 + 1.0 / self.shape))
+        return float(self.scale * math.gamma(1.0 + 1.0 / self.shape))
 
     def sample(self, rng, size=None):
         return self.scale * rng.weibull(self.shape, size)
@@ -194,6 +195,8 @@ class Weibull(Lifetime):
         return Weibull.from_mean(mean_s, self.shape)
 
     def _frozen(self):
+        from scipy import stats  # lazy: keeps `ckptsim --help` and simulator imports fast
+
         return stats.weibull_min(self.shape, scale=self.scale)
 
     def describe(self) -> str:
@@ -231,6 +234,8 @@ class LogNormal(Lifetime):
         return LogNormal.from_mean(mean_s, self.sigma)
 
     def _frozen(self):
+        from scipy import stats  # lazy: keeps `ckptsim --help` and simulator imports fast
+
         return stats.lognorm(self.sigma, scale=self.scale)
 
     def describe(self) -> str:

@@ -8,6 +8,7 @@ Each command module defines ``register(subparsers)``, which adds its parser and 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from simulator.cli.common import OneLineParser, fail
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except InputError as exc:
         return fail(str(exc), prog=f"ckptsim {args.command}")
+    except BrokenPipeError:
+        # `ckptsim ... | head` closed the pipe: not an error, and no traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("ckptsim: interrupted", file=sys.stderr)
         return 130
