@@ -9,15 +9,20 @@ Policies are pure: no SimPy, no torch, no clocks.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from simulator import analytic
 from simulator.errors import InputError
-from simulator.failures import Lifetime
+from simulator.failures import Exponential, Lifetime, Weibull
 
 __all__ = [
+    "POLICY_NAMES",
+    "Adaptive",
     "Daly",
     "ExactOptimal",
     "FixedInterval",
@@ -25,6 +30,7 @@ __all__ = [
     "PolicyContext",
     "Young",
     "make_policy",
+    "optimal_fraction",
 ]
 
 
@@ -55,6 +61,58 @@ class Policy(Protocol):
     def next_interval_s(self, ctx: PolicyContext) -> float: ...
 
 
+def _phi(a: float) -> float:
+    """−a − ln(1 − a) = Σ_{k≥2} aᵏ/k; the series avoids cancellation for small a."""
+    if a < 0.05:
+        return a * a * sum(a ** (k - 2) / k for k in range(2, 14))
+    return -a - math.log1p(-a)
+
+
+def optimal_fraction(x: float) -> float:
+    """τ*/M for x = δ/M: the root a ∈ (0, 1) of −a − ln(1 − a) = x (scalar, fast).
+
+    The same root as ``analytic.optimal_interval`` (which handles arrays and Lambert W);
+    this scalar Newton solve is what policies call once per decision, thousands of times
+    per simulated job. For x >= 0.5 it solves for b = −ln(1 − a), where b − 1 + e^(−b) = x
+    stays well conditioned as a approaches 1.
+    """
+    if x >= 0.5:
+        b = x + 1.0
+        for _ in range(60):
+            step = (b - 1.0 + math.exp(-b) - x) / (-math.expm1(-b))
+            b -= step
+            if abs(step) <= 1e-15 * b:
+                break
+        return -math.expm1(-b)
+    a = min(math.sqrt(2.0 * x), 0.9)
+    for _ in range(60):
+        step = (_phi(a) - x) * (1.0 - a) / a  # φ'(a) = a / (1 − a)
+        a = min(max(a - step, 0.5 * a), 0.5 * (a + 1.0))
+        if abs(step) <= 1e-15 * a:
+            break
+    return a
+
+
+@functools.lru_cache(maxsize=4096)
+def _optimal_s(delta_s: float, mtbf_s: float) -> float:
+    if not (delta_s > 0 and mtbf_s > 0):
+        raise InputError(f"need positive checkpoint_s and mtbf_s, got {delta_s!r}, {mtbf_s!r}")
+    if math.isinf(mtbf_s):
+        return math.inf
+    return mtbf_s * optimal_fraction(delta_s / mtbf_s)
+
+
+# Decisions repeat with the same (δ, M) all run long; caching keeps numpy off the hot path.
+@functools.lru_cache(maxsize=4096)
+def _young_s(delta_s: float, mtbf_s: float) -> float:
+    return float(analytic.young_interval(delta_s, mtbf_s))
+
+
+@functools.lru_cache(maxsize=4096)
+def _daly_s(delta_s: float, mtbf_s: float) -> float:
+    return float(analytic.daly_interval(delta_s, mtbf_s))
+
+
 @dataclass(frozen=True)
 class FixedInterval:
     """Save every ``interval_s`` seconds of compute, whatever happens."""
@@ -79,7 +137,7 @@ class Young:
     name: str = "young"
 
     def next_interval_s(self, ctx: PolicyContext) -> float:
-        return float(analytic.young_interval(ctx.checkpoint_s, ctx.mtbf_s))
+        return _young_s(float(ctx.checkpoint_s), float(ctx.mtbf_s))
 
 
 @dataclass(frozen=True)
@@ -89,7 +147,7 @@ class Daly:
     name: str = "daly"
 
     def next_interval_s(self, ctx: PolicyContext) -> float:
-        return float(analytic.daly_interval(ctx.checkpoint_s, ctx.mtbf_s))
+        return _daly_s(float(ctx.checkpoint_s), float(ctx.mtbf_s))
 
 
 @dataclass(frozen=True)
@@ -99,14 +157,80 @@ class ExactOptimal:
     name: str = "optimal"
 
     def next_interval_s(self, ctx: PolicyContext) -> float:
-        return float(analytic.optimal_interval(ctx.checkpoint_s, ctx.mtbf_s))
+        return _optimal_s(float(ctx.checkpoint_s), float(ctx.mtbf_s))
+
+
+def _cumulative_hazard(component: Lifetime, t_s: float) -> float:
+    """H(t) = −log S(t) of one component; scipy's logsf keeps precision when S(t) ≈ 1."""
+    if isinstance(component, Weibull):
+        return (t_s / component.scale) ** component.shape
+    if isinstance(component, Exponential):
+        return t_s / component.mean
+    try:
+        return float(-component._frozen().logsf(t_s))
+    except NotImplementedError:
+        with np.errstate(divide="ignore"):
+            return float(-np.log(component.survival(t_s)))
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """Hazard-aware interval: the exact optimum at the failure rate expected over the next interval.
+
+    Without ``ctx.component`` this is ``ExactOptimal`` at ``ctx.mtbf_s`` (the controller feeds
+    the posterior MTBF there). With a component model, the job is taken to have restarted with
+    ``ctx.n_components`` components of age ``ctx.age_s`` — the hazard-since-restart view — whose
+    system rate is n·h(age). For Weibull shape < 1 that rate is infinite at age 0, so rather
+    than the instantaneous rate the policy uses the mean rate over the interval it is about to
+    choose, n·(H(a + τ) − H(a))/τ, and solves τ = optimum(δ, 1 / rate) by fixed-point
+    iteration. The local MTBF is kept within a factor ``bound`` of ``ctx.mtbf_s`` so a model's
+    extreme tails (the first minutes of a Weibull, the far end of a lognormal) cannot drive
+    the interval to zero or infinity.
+    """
+
+    bound: float = 10.0
+    """Largest ratio between the local MTBF and ``ctx.mtbf_s`` (either way)."""
+    name: str = "adaptive"
+
+    def __post_init__(self):
+        if not (math.isfinite(self.bound) and self.bound >= 1):
+            raise InputError(f"adaptive bound must be a ratio >= 1, got {self.bound!r}")
+
+    def local_mtbf_s(self, ctx: PolicyContext, interval_s: float) -> float:
+        """1 / (mean system failure rate over the next ``interval_s`` from age ``ctx.age_s``)."""
+        if ctx.component is None:
+            return float(ctx.mtbf_s)
+        age = float(ctx.age_s)
+        dh = _cumulative_hazard(ctx.component, age + interval_s)
+        dh -= _cumulative_hazard(ctx.component, age)
+        rate = ctx.n_components * dh / interval_s
+        lo, hi = ctx.mtbf_s / self.bound, ctx.mtbf_s * self.bound
+        return float(min(max(1.0 / rate if rate > 0 else math.inf, lo), hi))
+
+    def next_interval_s(self, ctx: PolicyContext) -> float:
+        delta = float(ctx.checkpoint_s)
+        tau = _optimal_s(delta, float(ctx.mtbf_s))
+        if ctx.component is None:
+            return tau
+        # The map τ -> optimum(δ, local MTBF(τ)) is monotone and flat near its fixed point;
+        # a handful of steps settles it to well under a second.
+        for _ in range(30):
+            new = _optimal_s(delta, self.local_mtbf_s(ctx, tau))
+            if abs(new - tau) <= 1e-9 * tau:
+                return new
+            tau = new
+        return tau
+
+
+POLICY_NAMES = ("fixed", "young", "daly", "optimal", "adaptive")
 
 
 def make_policy(name: str, interval_s: float | None = None) -> Policy:
-    """A policy by its command-line name."""
+    """A policy by its command-line name (``interval_s`` given: a fixed interval)."""
     if interval_s is not None:
         return FixedInterval(interval_s)
-    table = {"young": Young, "daly": Daly, "optimal": ExactOptimal}
+    table = {"young": Young, "daly": Daly, "optimal": ExactOptimal, "adaptive": Adaptive}
     if name not in table:
-        raise InputError(f"unknown policy {name!r}; use one of {', '.join(table)}")
+        hint = " (fixed needs interval_s)" if name == "fixed" else ""
+        raise InputError(f"unknown policy {name!r}{hint}; use one of {', '.join(table)}")
     return table[name]()

@@ -67,6 +67,34 @@ class Scenario:
     checkpoints_retained: int = 2
     """Checkpoints kept on storage at once (storage cost)."""
 
+    # -- discrete-event model (``ckptsim simulate``); defaults reproduce Daly's model --------
+    detection_s: float = 0.0
+    """Time from a failure until it is noticed, seconds (added to ``restart_s``)."""
+    warmup_s: float = 0.0
+    """Time after loading a checkpoint until training is at full speed again, seconds."""
+    spares: int | None = None
+    """Spare nodes on hand to replace a failed one (None: a spare is always free at once)."""
+    repair_h: float | None = None
+    """Mean time to repair a failed node and return it to the spare pool, hours."""
+    repair: str = "exponential"
+    """Repair-time family: ``exponential``, ``weibull:shape=K`` or ``lognormal:sigma=S``."""
+    async_checkpoint: bool = False
+    """Save asynchronously: training stalls only for the staging copy, the write runs behind."""
+    staging_s: float | None = None
+    """Training stall of an asynchronous save (copy to host memory), seconds."""
+    write_bytes_per_s_per_node: float | None = None
+    """Checkpoint write bandwidth of one node to shared storage, bytes per second."""
+    storage_bytes_per_s: float | None = None
+    """Aggregate write bandwidth of the shared storage, bytes per second."""
+    writer_nodes: int | None = None
+    """Nodes that write shards of a checkpoint at once (None: every node of the job)."""
+    read_bytes_per_s: float | None = None
+    """Aggregate bandwidth at which a restarted job loads its checkpoint, bytes per second."""
+    node_mtbf_h: float | None = None
+    """Mean time between node-level failures (host, NIC, power) of one node, hours."""
+    component_age: str = "stationary"
+    """Component ages at job start: ``stationary`` (a cluster long in service) or ``new``."""
+
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise InputError(f"name must be a non-empty string, got {self.name!r}")
@@ -90,6 +118,42 @@ class Scenario:
         if self.gpus is not None and self.gpus_per_node > self.gpus:
             raise InputError(f"gpus_per_node ({self.gpus_per_node}) exceeds gpus ({self.gpus})")
         parse_failure(self.failure, 3600.0)  # validates the family spec early
+        self._validate_des_fields()
+
+    def _validate_des_fields(self) -> None:
+        for name in ("spares", "writer_nodes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputError(f"{name} must be a whole number, got {value!r}")
+        _check_positive("spares", self.spares, "nodes", allow_zero=True)
+        _check_positive("writer_nodes", self.writer_nodes, "nodes")
+        _check_positive("detection_s", self.detection_s, "seconds", allow_zero=True)
+        _check_positive("warmup_s", self.warmup_s, "seconds", allow_zero=True)
+        _check_positive("repair_h", self.repair_h, "hours")
+        _check_positive("staging_s", self.staging_s, "seconds")
+        for name in ("write_bytes_per_s_per_node", "storage_bytes_per_s", "read_bytes_per_s"):
+            _check_positive(name, getattr(self, name), "bytes per second")
+        _check_positive("node_mtbf_h", self.node_mtbf_h, "hours")
+        if not isinstance(self.async_checkpoint, bool):
+            raise InputError(
+                f"async_checkpoint must be true or false, got {self.async_checkpoint!r}"
+            )
+        if self.async_checkpoint and self.staging_s is None:
+            raise InputError("async_checkpoint needs staging_s (the training stall of a save)")
+        if self.spares is not None and self.repair_h is None:
+            raise InputError(
+                "spares (a finite spare pool) needs repair_h (mean repair time, hours)"
+            )
+        parse_failure(self.repair, 3600.0)
+        if self.component_age not in ("stationary", "new"):
+            raise InputError(
+                f"component_age must be 'stationary' or 'new', got {self.component_age!r}"
+            )
+        if self.node_mtbf_h is not None and self.gpus is None:
+            raise InputError("node_mtbf_h (per-node MTBF) needs gpus to count the nodes")
+        nodes = self.nodes
+        if self.writer_nodes is not None and nodes is not None and self.writer_nodes > nodes:
+            raise InputError(f"writer_nodes ({self.writer_nodes}) exceeds the job's {nodes} nodes")
 
     # -- derived values (seconds) -------------------------------------------------------
     @property
@@ -113,6 +177,43 @@ class Scenario:
         if self.gpus is None:
             raise InputError("a per-GPU failure model needs gpus")
         return self.system_mtbf_s * self.gpus
+
+    @property
+    def nodes(self) -> int | None:
+        """Nodes the job occupies (a partly filled node counts as one)."""
+        return None if self.gpus is None else -(-self.gpus // self.gpus_per_node)
+
+    @property
+    def checkpoint_write_s(self) -> float:
+        """Time to write one checkpoint, seconds.
+
+        With ``checkpoint_bytes`` and a bandwidth, the shards go out from ``writer_nodes``
+        nodes at once, each capped at ``write_bytes_per_s_per_node`` and all together at
+        ``storage_bytes_per_s``; otherwise it is ``checkpoint_s``.
+        """
+        per_node, total = self.write_bytes_per_s_per_node, self.storage_bytes_per_s
+        if self.checkpoint_bytes is None or (per_node is None and total is None):
+            return float(self.checkpoint_s)
+        writers = self.writer_nodes or self.nodes or 1
+        rate = min(writers * per_node if per_node else math.inf, total or math.inf)
+        return float(self.checkpoint_bytes / rate)
+
+    @property
+    def save_stall_s(self) -> float:
+        """Training stall of one save, seconds (δ): the staging copy if asynchronous."""
+        return float(self.staging_s) if self.async_checkpoint else self.checkpoint_write_s
+
+    @property
+    def load_s(self) -> float:
+        """Time to load a checkpoint on restart, seconds (0 when no read bandwidth is given)."""
+        if self.checkpoint_bytes is None or self.read_bytes_per_s is None:
+            return 0.0
+        return float(self.checkpoint_bytes / self.read_bytes_per_s)
+
+    @property
+    def recovery_s(self) -> float:
+        """Failure-free time from a failure until training again, seconds, spares permitting."""
+        return float(self.detection_s + self.restart_s + self.load_s + self.warmup_s)
 
     @property
     def work_s(self) -> float | None:
@@ -160,6 +261,8 @@ class Scenario:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise InputError(f"cannot read scenario file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not a UTF-8 text file (a TOML scenario is)") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

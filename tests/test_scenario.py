@@ -104,11 +104,6 @@ def test_a_missing_file_that_is_no_preset_lists_the_presets():
         load_scenario("no-such-scenario.toml")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scenario.py bug (reported to H3): from_toml catches OSError but not "
-    "UnicodeDecodeError, so a non-UTF-8 file raises a traceback instead of InputError",
-)
 def test_a_file_that_is_not_utf8_is_one_line_not_a_traceback(tmp_path):
     path = tmp_path / "latin1.toml"
     path.write_bytes(b'name = "caf\xe9"\n')

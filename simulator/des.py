@@ -1,0 +1,265 @@
+"""The discrete-event cluster model: one training job, its saves, its failures, its recoveries.
+
+One SimPy process runs the job — compute a segment, save, compute, save — asking the policy
+before every segment how long to compute until the next save. A second process replays the
+cluster's failures (``simulator.failure_source``: a heap over all components, or a trace) and
+interrupts the job at each one. All time accounting happens where the interrupt lands
+(``except simpy.Interrupt``) and in the ``finally`` of each timed phase, so every second of
+wall time falls in exactly one bucket:
+
+    wall = useful + lost + checkpoint + recovery
+
+- useful: compute kept in the final state (the job's work);
+- lost: compute rolled back to the last *completed* checkpoint by a failure;
+- checkpoint: stalls for saves — sync writes, async staging copies, waits for the previous
+  async write — including saves a failure cut short (those never count as checkpoints);
+- recovery: detection + waiting for a spare (or a repair) + restart + checkpoint load +
+  warm-up, restarted from scratch when a failure strikes during it.
+
+With the scenario's defaults (no detection/warm-up/load terms, unlimited spares, synchronous
+saves, exponential failures) this is exactly the model behind Daly's expected wall time, which
+the tests check. The job ends when all work is done and saved (the last segment is saved too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import simpy
+
+from simulator.errors import InputError
+from simulator.failure_source import ComponentFailures, FailureSource, MergedFailures
+from simulator.failures import parse_failure
+from simulator.policies import Policy, PolicyContext
+from simulator.scenario import Scenario
+
+__all__ = ["MAX_WALL_FACTOR", "ClusterJob", "failure_source_for", "job_mtbf_s"]
+
+MAX_WALL_FACTOR = 1000.0
+"""A replica that needs more than this many times its work in wall time is declared stuck."""
+
+
+def job_mtbf_s(scenario: Scenario) -> float:
+    """Long-run mean time between failures that stop the job (GPU and node failures), seconds."""
+    rate = 1.0 / scenario.system_mtbf_s
+    if scenario.node_mtbf_h is not None:
+        rate += scenario.nodes / (scenario.node_mtbf_h * 3600.0)
+    return 1.0 / rate
+
+
+def failure_source_for(
+    scenario: Scenario, gpu_rng: np.random.Generator, node_rng: np.random.Generator
+) -> FailureSource:
+    """Component failures of the scenario: every GPU (and node, if given) ages on its own."""
+    stationary = scenario.component_age == "stationary"
+    if scenario.gpus is None:
+        # Only a job-level MTBF is known: the job is one component with the system lifetime.
+        gpus = ComponentFailures(scenario.system_lifetime(), 1, gpu_rng, stationary=stationary)
+    else:
+        gpus = ComponentFailures(
+            scenario.gpu_lifetime(), scenario.gpus, gpu_rng, stationary=stationary
+        )
+    if scenario.node_mtbf_h is None:
+        return gpus
+    node_life = parse_failure(scenario.failure, scenario.node_mtbf_h * 3600.0)
+    nodes = ComponentFailures(node_life, scenario.nodes, node_rng, stationary=stationary)
+    return MergedFailures(gpus, nodes)
+
+
+class ClusterJob:
+    """One replica: a job on a cluster, run to completion by ``run()``."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: Policy,
+        failures: FailureSource,
+        rng: np.random.Generator,
+    ):
+        if scenario.work_s is None:
+            raise InputError("simulating a job needs work_h (failure-free compute, hours)")
+        self.scenario, self.policy, self.source, self.rng = scenario, policy, failures, rng
+        self.env = simpy.Environment()
+        self.work_s = float(scenario.work_s)
+        self.write_s = scenario.checkpoint_write_s
+        self.stall_s = scenario.save_stall_s
+        self.async_save = scenario.async_checkpoint
+        self.repair = (
+            parse_failure(scenario.repair, scenario.repair_h * 3600.0)
+            if scenario.repair_h is not None
+            else None
+        )
+        self.pool = (
+            simpy.Container(self.env, capacity=math.inf, init=scenario.spares)
+            if scenario.spares is not None
+            else None
+        )
+        self._ctx = dict(
+            checkpoint_s=self.stall_s,
+            restart_s=scenario.recovery_s,
+            mtbf_s=job_mtbf_s(scenario) if scenario.has_mtbf else math.inf,
+            component=scenario.gpu_lifetime() if scenario.gpus and scenario.has_mtbf else None,
+            n_components=scenario.gpus or 1,
+        )
+        # Job state: progress, the progress in the last completed checkpoint, buckets.
+        self.done_s = 0.0
+        self.committed_s = 0.0
+        self.last_failure_s = 0.0
+        self.recovering = False
+        self.spares_owed = 0
+        self.writer: simpy.Process | None = None
+        self.t = dict(compute=0.0, lost=0.0, checkpoint=0.0, recovery=0.0, spare_wait=0.0)
+        self.n = dict(failures=0, checkpoints=0, failures_in_recovery=0, events=0)
+
+    # -- the job ------------------------------------------------------------------------
+    def _job(self):
+        while True:
+            try:
+                if self.recovering:
+                    yield from self._recover()
+                if self.done_s >= self.work_s:
+                    yield from self._await_writer()
+                    return
+                # Age = time since the last failure (0 at the start): the hazard-since-renewal
+                # view that age-aware policies (and simulator.fastmc) use.
+                ctx = PolicyContext(**self._ctx, age_s=self.env.now - self.last_failure_s)
+                interval_s = float(self.policy.next_interval_s(ctx))
+                if not (math.isfinite(interval_s) and interval_s > 0):
+                    hint = "" if self.scenario.has_mtbf else " (it needs mtbf_h or gpu_mtbf_h)"
+                    raise InputError(
+                        f"policy {self.policy.name!r} gave interval {interval_s!r} s{hint}"
+                    )
+                yield from self._compute(interval_s)
+                yield from self._save()
+            except simpy.Interrupt:
+                self._on_failure()
+
+    def _compute(self, interval_s: float):
+        left = self.work_s - self.done_s
+        # A remainder within rounding of the interval (work_h · 3600 is rarely exact) is
+        # done in this segment, not left as a sliver that would cost one more save.
+        segment = left if left <= interval_s * (1.0 + 1e-9) else interval_s
+        start = self.env.now
+        self.n["events"] += 1
+        try:
+            yield self.env.timeout(segment)
+        except simpy.Interrupt:
+            elapsed = self.env.now - start
+            self.t["compute"] += elapsed
+            self.done_s += elapsed
+            raise
+        self.t["compute"] += segment
+        # Landing exactly on work_s: now − start can differ from segment in the last bit.
+        self.done_s = self.work_s if segment >= left else self.done_s + segment
+
+    def _stall(self, event):
+        start = self.env.now
+        try:
+            yield event
+        finally:
+            self.t["checkpoint"] += self.env.now - start
+
+    def _await_writer(self):
+        if self.writer is not None and self.writer.is_alive:
+            yield from self._stall(self.writer)
+
+    def _save(self):
+        self.n["events"] += 1
+        if not self.async_save:
+            yield from self._stall(self.env.timeout(self.write_s))
+            self._commit(self.done_s)
+            return
+        # The previous background write must finish before this save starts.
+        yield from self._await_writer()
+        yield from self._stall(self.env.timeout(self.stall_s))
+        self.writer = self.env.process(self._background_write(self.done_s))
+
+    def _background_write(self, snapshot_s: float):
+        try:
+            yield self.env.timeout(self.write_s)
+        except simpy.Interrupt:
+            return  # a failure before the write completed: this checkpoint is lost
+        self._commit(snapshot_s)
+
+    def _commit(self, snapshot_s: float) -> None:
+        self.committed_s = snapshot_s
+        self.n["checkpoints"] += 1
+
+    def _recover(self):
+        s = self.scenario
+        start = self.env.now
+        try:
+            yield self.env.timeout(s.detection_s)
+            wait_start = self.env.now
+            try:
+                while self.pool is not None and self.spares_owed > 0:
+                    request = self.pool.get(1)
+                    try:
+                        yield request
+                    except simpy.Interrupt:
+                        if request.triggered:
+                            self.spares_owed -= 1
+                        else:
+                            request.cancel()
+                        raise
+                    self.spares_owed -= 1
+            finally:
+                self.t["spare_wait"] += self.env.now - wait_start
+            yield self.env.timeout(s.restart_s + s.load_s + s.warmup_s)
+        finally:
+            self.t["recovery"] += self.env.now - start
+        self.recovering = False
+
+    def _on_failure(self) -> None:
+        """A failure struck: roll back to the last completed checkpoint and recover."""
+        self.n["failures"] += 1
+        self.n["failures_in_recovery"] += self.recovering
+        self.t["lost"] += self.done_s - self.committed_s
+        self.done_s = self.committed_s
+        if self.writer is not None and self.writer.is_alive:
+            self.writer.interrupt("failure")
+        self.writer = None
+        self.recovering = True
+        self.last_failure_s = self.env.now
+        if self.pool is not None:
+            self.spares_owed += 1
+            self.env.process(self._repair())
+
+    def _repair(self):
+        yield self.env.timeout(float(self.repair.sample(self.rng)))
+        yield self.pool.put(1)
+
+    # -- failures -----------------------------------------------------------------------
+    def _failures(self, job: simpy.Process):
+        while True:
+            t = self.source.next_failure_s()
+            if not math.isfinite(t):
+                return
+            yield self.env.timeout(max(t - self.env.now, 0.0))
+            if not job.is_alive:
+                return
+            job.interrupt("failure")
+
+    def run(self) -> dict:
+        """Run the job to completion; times in seconds, counts as integers."""
+        job = self.env.process(self._job())
+        self.env.process(self._failures(job))
+        limit = self.env.timeout(MAX_WALL_FACTOR * self.work_s)
+        self.env.run(until=self.env.any_of([job, limit]))
+        if job.is_alive:
+            raise InputError(
+                f"the job made no headway: not done after {MAX_WALL_FACTOR:g}x its work in wall "
+                "time (failures too frequent for the save and restart costs)"
+            )
+        wall = self.env.now
+        return {
+            "wall_s": wall,
+            "useful_s": self.done_s,
+            "lost_s": self.t["lost"],
+            "checkpoint_s": self.t["checkpoint"],
+            "recovery_s": self.t["recovery"],
+            "spare_wait_s": self.t["spare_wait"],
+            "compute_s": self.t["compute"],
+            **self.n,
+        }

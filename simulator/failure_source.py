@@ -1,0 +1,108 @@
+"""Failure sources: the wall-clock times at which some component of the cluster fails.
+
+A cluster of ``n`` components whose failed parts are replaced is a superposition of ``n``
+renewal processes: each component carries its own age, and after a failure only the replaced
+one is new. ``ComponentFailures`` keeps every component's next failure time in a binary heap,
+so each failure costs O(log n) whatever the cluster size — one SimPy process per component
+would cost O(n) per replica just to set up, and more memory per event.
+
+The failure times depend only on the source's own random stream, never on what the job is
+doing, so two policies simulated with the same stream see exactly the same failures (common
+random numbers). ``TraceFailures`` (in ``simulator.trace``) replays recorded timestamps instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Protocol
+
+import numpy as np
+
+from simulator.errors import InputError
+from simulator.failures import Exponential, Lifetime, LogNormal, Weibull
+
+__all__ = ["ComponentFailures", "FailureSource", "MergedFailures", "stationary_residual"]
+
+_BATCH = 512
+
+
+class FailureSource(Protocol):
+    """Yields failure times (seconds since job start) in increasing order."""
+
+    def next_failure_s(self) -> float:
+        """The next failure time; ``math.inf`` when there are no more."""
+        ...
+
+
+def stationary_residual(lifetime: Lifetime, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Remaining lives of components of a renewal process long in service (seconds).
+
+    In equilibrium the component in service has a length-biased lifetime L (density
+    x·f(x)/mean) and we stand at a uniform point in it, so the remaining life is (1 − U)·L.
+    Length-biasing Weibull(k, λ) makes (L/λ)^k Gamma(1 + 1/k); length-biasing a lognormal
+    shifts its log-mean by σ²; exponential lifetimes are memoryless.
+    """
+    if isinstance(lifetime, Exponential):
+        return lifetime.sample(rng, size)
+    u = rng.random(size)
+    if isinstance(lifetime, Weibull):
+        g = rng.gamma(1.0 + 1.0 / lifetime.shape, 1.0, size)
+        biased = lifetime.scale * g ** (1.0 / lifetime.shape)
+    elif isinstance(lifetime, LogNormal):
+        mu = math.log(lifetime.scale) + lifetime.sigma**2
+        biased = rng.lognormal(mu, lifetime.sigma, size)
+    else:
+        raise InputError(
+            f"stationary component ages are not available for {lifetime.family} lifetimes; "
+            "use component_age = 'new'"
+        )
+    return (1.0 - u) * biased
+
+
+class ComponentFailures:
+    """Next failure among ``n`` independently ageing, replace-on-failure components."""
+
+    def __init__(
+        self,
+        lifetime: Lifetime,
+        n: int,
+        rng: np.random.Generator,
+        *,
+        stationary: bool = True,
+    ):
+        if int(n) < 1:
+            raise InputError(f"component count must be >= 1, got {n!r}")
+        self.lifetime, self.n, self.rng = lifetime, int(n), rng
+        first = stationary_residual(lifetime, rng, self.n) if stationary else None
+        if first is None:
+            first = np.asarray(lifetime.sample(rng, self.n), dtype=float)
+        # Only times matter: any failure consumes one spare and renews one part, whichever.
+        self._heap: list[float] = first.tolist()
+        heapq.heapify(self._heap)
+        self._fresh: list[float] = []
+
+    def _new_life(self) -> float:
+        if not self._fresh:
+            # Drawing lifetimes in batches keeps numpy's per-call overhead off each failure.
+            self._fresh = np.asarray(self.lifetime.sample(self.rng, _BATCH), float).tolist()
+        return self._fresh.pop()
+
+    def next_failure_s(self) -> float:
+        t = self._heap[0]
+        heapq.heapreplace(self._heap, t + self._new_life())
+        return t
+
+
+class MergedFailures:
+    """Failures from several independent sources (e.g. GPUs and whole nodes) in time order."""
+
+    def __init__(self, *sources: FailureSource):
+        self._heads = [(s.next_failure_s(), i) for i, s in enumerate(sources)]
+        heapq.heapify(self._heads)
+        self._sources = sources
+
+    def next_failure_s(self) -> float:
+        t, i = self._heads[0]
+        heapq.heapreplace(self._heads, (self._sources[i].next_failure_s(), i))
+        return t

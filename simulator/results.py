@@ -1,0 +1,113 @@
+"""Simulation results: one record per replica, and the distribution they describe.
+
+Each replica of the discrete-event model yields a record (wall time, useful and lost work,
+checkpoint and recovery overhead in hours; failures and checkpoints counted; cost in US
+dollars). ``SimulationResult`` holds them as a pandas DataFrame and summarises each column by
+its mean, standard deviation, a 95% confidence interval for the mean (Student's t) and the
+50th/90th/99th percentiles — the tail, not just the mean, is what a schedule has to survive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from simulator.errors import InputError
+
+__all__ = ["METRICS", "SimulationResult", "describe"]
+
+METRICS = (
+    "wall_h",
+    "useful_h",
+    "lost_h",
+    "checkpoint_h",
+    "recovery_h",
+    "spare_wait_h",
+    "waste_fraction",
+    "failures",
+    "checkpoints",
+    "failures_in_recovery",
+    "usd",
+)
+"""Columns that ``summary()`` describes (``usd`` only when a price was given)."""
+
+
+def describe(values) -> dict[str, Any]:
+    """Mean, std, 95% t-interval of the mean, and p50/p90/p99 of one column."""
+    x = np.asarray(values, dtype=float)
+    n = x.size
+    mean = float(x.mean()) if n else math.nan
+    std = float(x.std(ddof=1)) if n > 1 else math.nan
+    if n > 1 and std > 0:
+        lo, hi = stats.t.interval(0.95, n - 1, loc=mean, scale=std / math.sqrt(n))
+    elif n > 1:
+        lo = hi = mean  # every replica agreed: the interval collapses onto the mean
+    else:
+        lo = hi = math.nan
+    p50, p90, p99 = np.percentile(x, [50, 90, 99]) if n else [math.nan] * 3
+    return {
+        "mean": mean,
+        "std": std,
+        "ci95": [float(lo), float(hi)],
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+    }
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """The replicas of one (scenario, policy) simulation."""
+
+    records: pd.DataFrame
+    """One row per replica, ordered by replica index."""
+    scenario_name: str = "custom"
+    policy_name: str = ""
+    seed: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Inputs worth echoing in a report (GPUs, MTBF, interval...)."""
+
+    @property
+    def replicas(self) -> int:
+        return len(self.records)
+
+    def summary(self) -> dict[str, Any]:
+        """Flat dict: ``<metric>_mean``, ``_std``, ``_ci95`` ([low, high]), ``_p50/_p90/_p99``."""
+        out: dict[str, Any] = {
+            "scenario": self.scenario_name,
+            "policy": self.policy_name,
+            "replicas": self.replicas,
+            "seed": self.seed,
+            **self.meta,
+        }
+        for metric in METRICS:
+            if metric not in self.records:
+                continue
+            for key, value in describe(self.records[metric]).items():
+                out[f"{metric}_{key}"] = value
+        return out
+
+    def to_file(self, path: str | Path) -> Path:
+        """Write the per-replica records: ``.csv`` or ``.parquet`` by the file's extension."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".csv", ".parquet", ".pq"):
+            raise InputError(f"--out {path}: use a .csv or .parquet file name")
+        try:
+            if suffix == ".csv":
+                self.records.to_csv(path, index=False)
+            else:
+                self.records.to_parquet(path, index=False)
+        except ImportError:
+            raise InputError(
+                "Parquet output needs pyarrow (pip install ckptsim[parquet])"
+            ) from None
+        except OSError as exc:
+            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return path

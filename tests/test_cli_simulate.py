@@ -1,0 +1,101 @@
+"""``ckptsim simulate``: flags, JSON and human output, per-replica files, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+
+JOB = [
+    "--gpus", "256", "--gpus-per-node", "8", "--gpu-mtbf-h", "1024", "--checkpoint-s", "60",
+    "--restart-s", "300", "--work-h", "12", "--replicas", "6", "--workers", "1", "--seed", "3",
+]  # fmt: skip
+
+
+def run_json(capsys, *argv):
+    assert main(["simulate", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_carries_the_documented_keys(capsys):
+    out = run_json(capsys, *JOB, "--usd-per-gpu-hour", "2.5")
+    for key in ("wall_h_mean", "waste_fraction_mean", "failures_mean", "checkpoints_mean"):
+        assert math.isfinite(out[key])
+    lo, hi = out["wall_h_ci95"]
+    assert lo <= out["wall_h_mean"] <= hi
+    assert out["wall_h_mean"] > 12
+    assert out["usd_mean"] == pytest.approx(out["wall_h_mean"] * 256 * 2.5)
+    assert out["replicas"] == 6 and out["policy"] == "optimal"
+
+
+def test_without_a_price_there_is_no_cost(capsys):
+    assert "usd_mean" not in run_json(capsys, *JOB)
+
+
+def test_a_fixed_interval_without_failures_costs_one_stall_per_save(capsys):
+    argv = [a if a != "1024" else "1e12" for a in JOB]
+    out = run_json(capsys, *argv, "--interval-s", "5000")
+    saves = math.ceil(12 * 3600 / 5000)
+    assert out["failures_mean"] == 0
+    assert out["checkpoints_mean"] == saves
+    assert out["wall_h_mean"] == pytest.approx(12 + saves * 60 / 3600)
+
+
+def test_the_same_seed_gives_the_same_answer_and_policies_differ(capsys):
+    a = run_json(capsys, *JOB, "--policy", "young")
+    b = run_json(capsys, *JOB, "--policy", "young")
+    c = run_json(capsys, *JOB, "--policy", "adaptive", "--failure", "weibull:shape=0.7")
+    assert a["wall_h_mean"] == b["wall_h_mean"]
+    assert c["policy"] == "adaptive" and c["failure"] == "weibull:shape=0.7"
+
+
+def test_model_flags_reach_the_simulation(capsys):
+    out = run_json(
+        capsys, *JOB, "--staging-s", "5", "--spares", "0", "--repair-h", "2", "--detection-s",
+        "30", "--node-mtbf-h", "5000",
+    )  # fmt: skip
+    assert out["checkpoint_stall_s"] == 5.0
+    assert out["recovery_s"] == 330.0
+    assert out["spare_wait_h_mean"] > 0
+
+
+def test_records_go_to_csv_one_row_per_replica(tmp_path, capsys):
+    path = tmp_path / "runs.csv"
+    out = run_json(capsys, *JOB, "--out", str(path))
+    records = pd.read_csv(path)
+    assert len(records) == 6
+    assert records["wall_h"].mean() == pytest.approx(out["wall_h_mean"])
+
+
+def test_human_output_is_a_table_and_a_verdict(capsys):
+    assert main(["simulate", *JOB, "--usd-per-gpu-hour", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "wall time (h)" in text and "p99" in text and "cost (USD)" in text
+    verdict = [line for line in text.splitlines() if line.startswith("verdict:")]
+    assert len(verdict) == 1 and "of wall time" in verdict[0] and "USD" in verdict[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--policy", "hourly"], "invalid choice"),
+        (["--out", "runs.xlsx"], ".csv or .parquet"),
+        (["--spares", "-1"], "non-negative"),
+        (["--failure", "gamma"], "unknown failure distribution"),
+        (["--spares", "2"], "repair_h"),
+        (["--gpus", "8", "--checkpoint-s", "60", "--work-h", "10"], "no failure rate"),
+        (["--mtbf-h", "3", "--checkpoint-s", "60"], "work-h"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):
+    base = [] if "--gpus" in argv or "--mtbf-h" in argv else JOB
+    with pytest.raises(SystemExit) as exc:
+        code = main(["simulate", *base, *argv])
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err

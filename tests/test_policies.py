@@ -1,0 +1,185 @@
+"""Policies: the same objects the simulator and the live controller ask 'when is the next save?'."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import integrate, optimize, stats
+
+from simulator import analytic
+from simulator.errors import InputError
+from simulator.estimate import FailureRatePosterior
+from simulator.failures import Exponential, LogNormal, Weibull
+from simulator.policies import (
+    Adaptive,
+    Daly,
+    ExactOptimal,
+    FixedInterval,
+    Policy,
+    PolicyContext,
+    Young,
+    make_policy,
+    optimal_fraction,
+)
+
+
+def ctx(**kw):
+    base = dict(checkpoint_s=60.0, restart_s=600.0, mtbf_s=3.0 * 3600)
+    base.update(kw)
+    return PolicyContext(**base)
+
+
+def daly_wall_per_work(tau, delta, mtbf):
+    # Daly (2006) T_w / Ts with R = 0, written out here independently of simulator.analytic.
+    return mtbf * math.expm1((tau + delta) / mtbf) / tau
+
+
+def numeric_optimum(delta, mtbf):
+    res = optimize.minimize_scalar(
+        daly_wall_per_work,
+        bounds=(1e-6 * mtbf, 5 * mtbf),
+        args=(delta, mtbf),
+        method="bounded",
+        options={"xatol": 1e-10 * mtbf},
+    )
+    return res.x
+
+
+def test_every_policy_satisfies_the_protocol_and_make_policy_knows_the_names():
+    for name in ("young", "daly", "optimal", "adaptive"):
+        policy = make_policy(name)
+        assert isinstance(policy, Policy)
+        assert policy.name == name
+    assert make_policy("adaptive", interval_s=300.0) == FixedInterval(300.0)
+    with pytest.raises(InputError, match="unknown policy"):
+        make_policy("hourly")
+
+
+def test_fixed_interval_rejects_non_positive_seconds():
+    for bad in (0.0, -5.0, math.nan, math.inf):
+        with pytest.raises(InputError, match="interval_s"):
+            FixedInterval(bad)
+
+
+def test_young_is_the_square_root_of_twice_delta_times_mtbf():
+    assert Young().next_interval_s(ctx(checkpoint_s=50.0, mtbf_s=10_000.0)) == pytest.approx(1000.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    delta=st.floats(1.0, 600.0),
+    mtbf=st.floats(600.0, 1e6),
+)
+def test_exact_optimal_minimises_dalys_wall_time_numerically(delta, mtbf):
+    tau = ExactOptimal().next_interval_s(ctx(checkpoint_s=delta, mtbf_s=mtbf))
+    best = numeric_optimum(delta, mtbf)
+    assert daly_wall_per_work(tau, delta, mtbf) <= daly_wall_per_work(best, delta, mtbf) * (
+        1 + 1e-9
+    )
+
+
+def test_daly_sits_between_young_and_the_optimum_for_small_delta():
+    c = ctx(checkpoint_s=60.0, mtbf_s=4 * 3600.0)
+    exact = ExactOptimal().next_interval_s(c)
+    assert abs(Daly().next_interval_s(c) - exact) < abs(Young().next_interval_s(c) - exact)
+
+
+@settings(max_examples=40, deadline=None)
+@given(delta=st.floats(1.0, 3600.0), mtbf=st.floats(60.0, 1e7), age=st.floats(0.0, 1e6))
+def test_adaptive_without_a_component_model_is_the_exact_optimum_at_the_given_mtbf(
+    delta, mtbf, age
+):
+    c = ctx(checkpoint_s=delta, mtbf_s=mtbf, age_s=age)
+    assert Adaptive().next_interval_s(c) == pytest.approx(numeric_optimum(delta, mtbf), rel=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 20_000), age=st.floats(0.0, 1e7))
+def test_adaptive_with_exponential_components_ignores_age(n, age):
+    comp = Exponential(50_000 * 3600.0)
+    c = ctx(mtbf_s=comp.mean / n, age_s=age, component=comp, n_components=n)
+    assert Adaptive().next_interval_s(c) == pytest.approx(
+        ExactOptimal().next_interval_s(c), rel=1e-9
+    )
+
+
+def test_adaptive_interval_is_the_optimum_at_the_mean_hazard_over_that_interval():
+    # Independent check with scipy's own Weibull hazard, integrated numerically.
+    comp = Weibull.from_mean(2000 * 3600.0, 0.7)
+    n, age, delta = 64, 6 * 3600.0, 120.0
+    mtbf = comp.mean_s / n
+    c = ctx(checkpoint_s=delta, mtbf_s=mtbf, age_s=age, component=comp, n_components=n)
+    tau = Adaptive(bound=1e6).next_interval_s(c)
+    dist = stats.weibull_min(0.7, scale=comp.scale)
+    failures, _ = integrate.quad(lambda t: n * dist.pdf(t) / dist.sf(t), age, age + tau)
+    local_mtbf = tau / failures
+    assert tau == pytest.approx(numeric_optimum(delta, local_mtbf), rel=1e-5)
+
+
+def test_adaptive_lengthens_with_age_under_infant_mortality_and_shortens_under_wear_out():
+    n = 1024
+    young_parts = Weibull.from_mean(20_000 * 3600.0, 0.6)
+    worn_parts = Weibull.from_mean(20_000 * 3600.0, 2.5)
+    ages = [0.0, 600.0, 3600.0, 6 * 3600.0, 48 * 3600.0]
+
+    def intervals(comp):
+        return [
+            Adaptive(bound=1e6).next_interval_s(
+                ctx(mtbf_s=comp.mean_s / n, age_s=a, component=comp, n_components=n)
+            )
+            for a in ages
+        ]
+
+    assert np.all(np.diff(intervals(young_parts)) > 0)
+    assert np.all(np.diff(intervals(worn_parts)) < 0)
+
+
+def test_adaptive_keeps_the_local_mtbf_within_its_bound_of_the_given_mtbf():
+    n = 16_384
+    mtbf = 3.0 * 3600.0
+    opt = ExactOptimal()
+    low, high = (opt.next_interval_s(ctx(mtbf_s=m)) for m in (mtbf / 10, mtbf * 10))
+    infant = Weibull.from_mean(mtbf * n, 0.5)  # infinite hazard at age 0
+    late = LogNormal.from_mean(mtbf * n, 0.5)  # hazard ~ 0 for young parts
+    at_zero = [
+        Adaptive(bound=10.0).next_interval_s(
+            ctx(mtbf_s=mtbf, age_s=0.0, component=comp, n_components=n)
+        )
+        for comp in (infant, late)
+    ]
+    assert at_zero == pytest.approx([low, high])
+    for age in (60.0, 3600.0, 86_400.0, 1e6):
+        for comp in (infant, late):
+            c = ctx(mtbf_s=mtbf, age_s=age, component=comp, n_components=n)
+            assert low * (1 - 1e-9) <= Adaptive(bound=10.0).next_interval_s(c) <= high * (1 + 1e-9)
+    with pytest.raises(InputError, match="bound"):
+        Adaptive(bound=0.5)
+
+
+def test_adaptive_follows_the_controllers_failure_rate_posterior():
+    # What the live controller does: feed the posterior MTBF; more failures -> shorter interval.
+    prior = FailureRatePosterior.from_prior(mtbf_s=6 * 3600.0, weight=2.0)
+    calm = prior.observe(failures=0, exposure_s=24 * 3600.0)
+    flaky = prior.observe(failures=12, exposure_s=24 * 3600.0)
+    policy = make_policy("adaptive")
+    t_calm = policy.next_interval_s(ctx(mtbf_s=calm.mtbf_s))
+    t_flaky = policy.next_interval_s(ctx(mtbf_s=flaky.mtbf_s))
+    assert t_flaky < t_calm
+    assert t_flaky == pytest.approx(numeric_optimum(60.0, flaky.mtbf_s), rel=1e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(1e-14, 50.0))
+def test_fast_scalar_optimum_matches_the_lambert_w_closed_form(x):
+    # Against analytic.optimal_interval, and against the defining equation itself.
+    a = optimal_fraction(x)
+    assert 0 < a <= 1
+    assert a == pytest.approx(analytic.optimal_interval(x, 1.0), rel=1e-9)
+    if x > 20:  # 1 − a underflows; the equation can no longer be evaluated in floats
+        return
+    phi = -a - math.log1p(-a) if a > 1e-3 else a * a / 2 + a**3 / 3 + a**4 / 4 + a**5 / 5
+    assert phi == pytest.approx(x, rel=1e-8)
