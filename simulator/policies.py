@@ -186,15 +186,26 @@ class Adaptive:
     iteration. The local MTBF is kept within a factor ``bound`` of ``ctx.mtbf_s`` so a model's
     extreme tails (the first minutes of a Weibull, the far end of a lognormal) cannot drive
     the interval to zero or infinity.
+
+    ``renews`` says which components are new at age 0. ``"one"`` (the default, and what the
+    simulator models): a failure replaces only the failed part, so at age a one part is a old
+    and the other n − 1 are in their long-run state, failing at (n − 1)/mean together; on a
+    large cluster this is close to exponential, as the superposition of many renewal processes
+    is. ``"all"``: every part is new at a restart (one component, or a job that lands on a
+    fresh allocation), the system rate is n·h(age).
     """
 
     bound: float = 10.0
     """Largest ratio between the local MTBF and ``ctx.mtbf_s`` (either way)."""
+    renews: str = "one"
+    """Which components are new after a restart: ``"one"`` (the failed part) or ``"all"``."""
     name: str = "adaptive"
 
     def __post_init__(self):
         if not (math.isfinite(self.bound) and self.bound >= 1):
             raise InputError(f"adaptive bound must be a ratio >= 1, got {self.bound!r}")
+        if self.renews not in ("one", "all"):
+            raise InputError(f"adaptive renews must be 'one' or 'all', got {self.renews!r}")
 
     def local_mtbf_s(self, ctx: PolicyContext, interval_s: float) -> float:
         """1 / (mean system failure rate over the next ``interval_s`` from age ``ctx.age_s``)."""
@@ -203,7 +214,10 @@ class Adaptive:
         age = float(ctx.age_s)
         dh = _cumulative_hazard(ctx.component, age + interval_s)
         dh -= _cumulative_hazard(ctx.component, age)
-        rate = ctx.n_components * dh / interval_s
+        if self.renews == "all":
+            rate = ctx.n_components * dh / interval_s
+        else:
+            rate = dh / interval_s + (ctx.n_components - 1) / ctx.component.mean_s
         lo, hi = ctx.mtbf_s / self.bound, ctx.mtbf_s * self.bound
         return float(min(max(1.0 / rate if rate > 0 else math.inf, lo), hi))
 

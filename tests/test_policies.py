@@ -113,7 +113,7 @@ def test_adaptive_interval_is_the_optimum_at_the_mean_hazard_over_that_interval(
     n, age, delta = 64, 6 * 3600.0, 120.0
     mtbf = comp.mean_s / n
     c = ctx(checkpoint_s=delta, mtbf_s=mtbf, age_s=age, component=comp, n_components=n)
-    tau = Adaptive(bound=1e6).next_interval_s(c)
+    tau = Adaptive(bound=1e6, renews="all").next_interval_s(c)
     dist = stats.weibull_min(0.7, scale=comp.scale)
     failures, _ = integrate.quad(lambda t: n * dist.pdf(t) / dist.sf(t), age, age + tau)
     local_mtbf = tau / failures
@@ -128,7 +128,7 @@ def test_adaptive_lengthens_with_age_under_infant_mortality_and_shortens_under_w
 
     def intervals(comp):
         return [
-            Adaptive(bound=1e6).next_interval_s(
+            Adaptive(bound=1e6, renews="all").next_interval_s(
                 ctx(mtbf_s=comp.mean_s / n, age_s=a, component=comp, n_components=n)
             )
             for a in ages
@@ -146,7 +146,7 @@ def test_adaptive_keeps_the_local_mtbf_within_its_bound_of_the_given_mtbf():
     infant = Weibull.from_mean(mtbf * n, 0.5)  # infinite hazard at age 0
     late = LogNormal.from_mean(mtbf * n, 0.5)  # hazard ~ 0 for young parts
     at_zero = [
-        Adaptive(bound=10.0).next_interval_s(
+        Adaptive(bound=10.0, renews="all").next_interval_s(
             ctx(mtbf_s=mtbf, age_s=0.0, component=comp, n_components=n)
         )
         for comp in (infant, late)
@@ -155,7 +155,11 @@ def test_adaptive_keeps_the_local_mtbf_within_its_bound_of_the_given_mtbf():
     for age in (60.0, 3600.0, 86_400.0, 1e6):
         for comp in (infant, late):
             c = ctx(mtbf_s=mtbf, age_s=age, component=comp, n_components=n)
-            assert low * (1 - 1e-9) <= Adaptive(bound=10.0).next_interval_s(c) <= high * (1 + 1e-9)
+            assert (
+                low * (1 - 1e-9)
+                <= Adaptive(bound=10.0, renews="all").next_interval_s(c)
+                <= high * (1 + 1e-9)
+            )
     with pytest.raises(InputError, match="bound"):
         Adaptive(bound=0.5)
 
@@ -183,3 +187,22 @@ def test_fast_scalar_optimum_matches_the_lambert_w_closed_form(x):
         return
     phi = -a - math.log1p(-a) if a > 1e-3 else a * a / 2 + a**3 / 3 + a**4 / 4 + a**5 / 5
     assert phi == pytest.approx(x, rel=1e-8)
+
+
+def test_adaptive_on_a_large_cluster_where_only_the_failed_part_renews_is_nearly_exponential():
+    # 16,384 Weibull(0.7) GPUs: one new part next to 16,383 in their long-run state is a
+    # superposition of renewal processes, which is close to Poisson at rate n / mean.
+    n = 16_384
+    comp = Weibull.from_mean(50_677 * 3600.0, 0.7)
+    c = ctx(checkpoint_s=60.0, mtbf_s=comp.mean_s / n, age_s=0.0, component=comp, n_components=n)
+    exact = ExactOptimal().next_interval_s(c)
+    assert Adaptive().next_interval_s(c) == pytest.approx(exact, rel=0.02)
+    # Whereas assuming every part is new at a restart would checkpoint far more often.
+    assert Adaptive(renews="all").next_interval_s(c) < 0.7 * exact
+
+
+def test_adaptive_with_one_component_is_the_same_whichever_parts_renew():
+    comp = Weibull.from_mean(10 * 3600.0, 0.6)
+    for age in (0.0, 3600.0, 36_000.0):
+        c = ctx(checkpoint_s=60.0, mtbf_s=comp.mean_s, age_s=age, component=comp, n_components=1)
+        assert Adaptive().next_interval_s(c) == Adaptive(renews="all").next_interval_s(c)

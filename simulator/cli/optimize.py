@@ -18,7 +18,7 @@ import sys
 import textwrap
 from typing import Any
 
-from simulator.cli.common import add_scenario_flags, positive_float
+from simulator.cli.common import add_scenario_flags, positive_float, positive_int
 from simulator.errors import InputError
 
 DESCRIPTION = """\
@@ -64,18 +64,83 @@ def register(subparsers) -> None:
         help="time per training step, seconds (adds the every-500/1000-steps defaults)",
     )
     out.add_argument("--json", action="store_true", help="print one JSON object instead")
+    measured = parser.add_argument_group(
+        "measured checkpoint cost",
+        "Take δ (and the restore time, added to R) from a `ckptsim bench --out` profile, "
+        "extrapolated to --params parameters sharded over the job's nodes.",
+    )
+    measured.add_argument("--profile", metavar="FILE", help="cost profile JSON from ckptsim bench")
+    measured.add_argument(
+        "--params", type=positive_float("parameters"), metavar="P", help="model size, e.g. 70e9"
+    )
+    measured.add_argument(
+        "--format", default="ckptsim", help="format in the profile to use (default ckptsim)"
+    )
+    measured.add_argument(
+        "--storage-bytes-per-s",
+        type=positive_float("bytes per second"),
+        metavar="B",
+        help="aggregate storage bandwidth cap shared by all writing nodes",
+    )
+    sim = parser.add_argument_group(
+        "simulation",
+        "--simulate also finds the optimum by discrete-event simulation under common random "
+        "numbers (right for Weibull/lognormal failures, where the closed forms are not).",
+    )
+    sim.add_argument("--simulate", action="store_true", help="add the simulated optimum")
+    sim.add_argument(
+        "--replicas", type=positive_int, default=200, help="replicas per candidate (default 200)"
+    )
+    sim.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.set_defaults(func=run)
 
 
 def checkpoint_cost_s(args: argparse.Namespace, scenario) -> float:
-    """The training stall of one save, seconds (δ).
-
-    Today: --checkpoint-s, else the scenario's stall (``scenario_stall_s``). A measured cost
-    profile from ``ckptsim bench`` (--profile FILE --params P) belongs here, ahead of both.
-    """
+    """The training stall of one save, seconds (δ): --checkpoint-s, else the scenario's."""
     if getattr(args, "checkpoint_s", None) is not None:
         return float(args.checkpoint_s)
     return scenario_stall_s(scenario)
+
+
+def apply_profile(args: argparse.Namespace, scenario):
+    """Lay a measured cost (--profile, --params) over the scenario: δ and restore time.
+
+    Returns the scenario (δ as its checkpoint_s, R grown by the measured restore) and the
+    predicted cost as a dict, or the scenario unchanged and None without --profile.
+    """
+    if not getattr(args, "profile", None):
+        if getattr(args, "params", None) is not None:
+            raise InputError("--params needs --profile FILE (a cost profile from ckptsim bench)")
+        return scenario, None
+    if args.params is None:
+        raise InputError("--profile needs --params P, the model size in parameters (e.g. 70e9)")
+    if args.checkpoint_s is not None:
+        raise InputError("give either --checkpoint-s or --profile, not both")
+    from simulator.costmodel import CostProfile
+
+    nodes = max(1, (scenario.gpus or 1) // scenario.gpus_per_node)
+    predicted = CostProfile.load(args.profile).predict(
+        params=args.params,
+        nodes=nodes,
+        format=args.format,
+        aggregate_bytes_per_s=args.storage_bytes_per_s,
+    )
+    scenario = scenario.with_overrides(
+        checkpoint_s=predicted.stall_s,
+        restart_s=scenario.restart_s + predicted.restore_s,
+        checkpoint_bytes=predicted.bytes,
+    )
+    info = {
+        "profile": str(args.profile),
+        "format": args.format,
+        "params": args.params,
+        "nodes": nodes,
+        "stall_s": predicted.stall_s,
+        "write_s": predicted.write_s,
+        "restore_s": predicted.restore_s,
+        "bytes": predicted.bytes,
+    }
+    return scenario, info
 
 
 def scenario_stall_s(scenario) -> float:
@@ -117,15 +182,55 @@ def run(args: argparse.Namespace) -> int:
             f"({scenario.gpus:,} GPUs); see --help to describe your own job",
             file=sys.stderr,
         )
+    scenario, measured = apply_profile(args, scenario)
     delta_s = checkpoint_cost_s(args, scenario)
     result = recommend(scenario, step_s=args.step_s, checkpoint_s=delta_s, source=source)
+    if measured:
+        result["measured_cost"] = measured
+    if args.simulate:
+        from simulator.optimize import optimize_by_simulation
+
+        if scenario.work_h is None:
+            raise InputError("--simulate needs --work-h HOURS (the job's compute) to simulate")
+        result["simulated"] = optimize_by_simulation(
+            scenario.with_overrides(checkpoint_s=delta_s), replicas=args.replicas, seed=args.seed
+        )
+        result["simulated_interval_s"] = result["simulated"]["interval_s"]
     if args.json:
         for warning in result["warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
         print_json(result)
     else:
         print(render(result))
+        if measured:
+            print(
+                f"measured cost ({measured['format']} in {measured['profile']}): "
+                f"{measured['params']:.3g} parameters over {measured['nodes']:,} nodes -> stall "
+                f"{measured['stall_s']:.3g} s, restore {measured['restore_s']:.3g} s (added to R)"
+            )
+        if args.simulate:
+            print(render_simulated(result["simulated"], result["optimal_interval_s"]))
     return 0
+
+
+def render_simulated(sim: dict[str, Any], closed_form_s: float) -> str:
+    """The simulated optimum and each baseline's paired excess, a line each."""
+    lo, hi = sim["interval_ci_s"]
+    lines = [
+        "",
+        f"by simulation ({sim['engine']} engine, {sim['replicas']} replicas per candidate, "
+        f"common random numbers; objective {sim['objective']}):",
+        f"  optimum {fmt_duration(sim['interval_s'])} (95% CI {fmt_duration(lo)} to "
+        f"{fmt_duration(hi)}); closed form {fmt_duration(closed_form_s)}",
+    ]
+    for name, entry in sim["policies"].items():
+        if name == "optimum":
+            continue
+        lines.append(
+            f"  {name:<18} {fmt_duration(entry['interval_s']):>9}  {entry['excess_pct']:+7.2f}% "
+            f"(95% CI {entry['excess_pct_lo']:+.2f}% to {entry['excess_pct_hi']:+.2f}%)"
+        )
+    return "\n".join(lines)
 
 
 # -- the result ---------------------------------------------------------------------------
