@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy import stats
-
 from simulator.errors import InputError
 
 __all__ = ["FailureRatePosterior", "RunningMean"]
@@ -63,6 +61,8 @@ class FailureRatePosterior:
 
     def rate_interval(self, level: float = 0.95) -> tuple[float, float]:
         """Equal-tailed credible interval for the rate, per second."""
+        from scipy import stats  # lazy: every training process imports this module
+
         g = stats.gamma(self.failures, scale=1.0 / self.exposure_s)
         lo, hi = g.ppf([(1 - level) / 2, (1 + level) / 2])
         return float(lo), float(hi)

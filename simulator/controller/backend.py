@@ -1,0 +1,86 @@
+"""The seam between the checkpointer and how a process group writes its state.
+
+The checkpointer owns the schedule, the retention and the order of a commit; a
+:class:`Backend` writes a nested state dict, reads it back, and offers the two collectives the
+checkpointer needs at save time (``broadcast`` the next due step, ``barrier`` around the
+commit). Two kinds of write exist:
+
+- ``writes_manifest() is False`` (:class:`LocalBackend`): ``write(path, state)`` is itself
+  atomic and complete — the step directory IS a :mod:`simulator.ckptio` checkpoint (tensors
+  in safetensors, the rest as JSON, manifest last, rename) — so the checkpointer passes the
+  final path and adds nothing.
+- ``writes_manifest() is True`` (torch.distributed, ``simulator.controller.distributed``):
+  every rank writes its files into a temporary directory; after a barrier rank 0 writes a
+  ckptio manifest over them (:func:`simulator.controller.integrity.write_manifest`), fsyncs
+  and renames. Either way the result verifies with :func:`simulator.ckptio.verify_checkpoint`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from simulator import ckptio
+from simulator.controller.integrity import CorruptCheckpoint, refuse_pickles
+from simulator.controller.state import flatten, unflatten
+
+__all__ = ["Backend", "LocalBackend"]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """How the processes of one job save and load together."""
+
+    rank: int
+    world_size: int
+
+    def broadcast(self, obj: Any) -> Any:
+        """``obj`` as rank 0 has it, on every rank."""
+        ...
+
+    def barrier(self) -> None: ...
+
+    def write(self, tmp_dir: Path, state: dict) -> None:
+        """Write this rank's part of ``state`` at ``tmp_dir``, every file fsynced."""
+        ...
+
+    def read(self, ckpt_dir: Path, template: dict) -> dict:
+        """Read the state back (``template``: the current state, for in-place loading).
+
+        Raises CorruptCheckpoint when the files do not parse, UnsafeCheckpoint when one is a
+        pickle the backend did not expect.
+        """
+        ...
+
+    def writes_manifest(self) -> bool:
+        """True: the checkpointer wraps ``write`` in temp dir + manifest (rank 0) + rename."""
+        ...
+
+
+class LocalBackend:
+    """One process; the checkpoint is a :mod:`simulator.ckptio` directory."""
+
+    rank = 0
+    world_size = 1
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def barrier(self) -> None:
+        return None
+
+    def writes_manifest(self) -> bool:
+        return False
+
+    def write(self, tmp_dir: Path, state: dict) -> None:
+        tensors, tree = flatten(state)
+        ckptio.write_checkpoint(tmp_dir, tensors, tree)
+
+    def read(self, ckpt_dir: Path, template: dict) -> dict:
+        ckpt_dir = Path(ckpt_dir)
+        refuse_pickles(ckpt_dir)
+        tensors, tree = ckptio.read_checkpoint(ckpt_dir, verify=False)
+        try:
+            return unflatten(tensors, tree)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CorruptCheckpoint(f"{ckpt_dir.name}: malformed state tree ({exc})") from None

@@ -1,0 +1,184 @@
+"""How a checkpoint becomes the one to resume from: the commit of a save, the choice at restore.
+
+A save commits only complete checkpoints. Through a backend that writes atomically itself
+(:class:`~simulator.controller.backend.LocalBackend`, a :mod:`simulator.ckptio` directory)
+the step directory appears whole or not at all. Through one that does not (torch.distributed),
+every rank writes into one hidden temp directory on shared storage and leaves a marker saying
+how it went; rank 0 commits — ckptio manifest last, rename, fsync — only when every rank
+succeeded. The markers, not a collective, carry the outcome, so the same code runs in the
+background thread of an asynchronous save. Re-saving an existing step moves the old one aside
+first and drops it only once the new one is complete.
+
+At restore, rank 0 walks the checkpoints newest first: temp directories of crashed writes go,
+a directory without a manifest (never finished, or half-deleted by retention) goes, one that
+fails its checksums is moved aside as ``step-N.corrupt`` with a warning, and the first that
+verifies is the choice — unless it was written under a different configuration, which is
+refused in one line rather than silently resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from simulator import ckptio
+from simulator.controller.backend import Backend
+from simulator.controller.integrity import (
+    CheckpointWriteError,
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    write_manifest,
+)
+from simulator.controller.storage import Storage, checkpoint_name, checkpoint_step
+from simulator.errors import InputError
+
+__all__ = [
+    "check_config",
+    "choose_checkpoint",
+    "normalise_config",
+    "quarantine",
+    "write_and_commit",
+]
+
+_OLD = ".old-"
+_MARKER_WAIT_S = 3600.0
+
+
+def normalise_config(config: Mapping[str, Any] | None) -> dict | None:
+    """The configuration as the checkpoint will hold it (a JSON round trip)."""
+    if config is None:
+        return None
+    try:
+        return json.loads(json.dumps(dict(config), sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"config must be a JSON-serialisable dict: {exc}") from None
+
+
+def check_config(where: Path, saved: Any, current: dict | None) -> None:
+    """Refuse, in one line naming the first differing key, a checkpoint of another config."""
+    if current is None or not isinstance(saved, dict) or saved == current:
+        return
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if old != new:
+            raise IncompatibleCheckpoint(
+                f"refusing to resume from {where}: it was written with a different "
+                f"configuration ({key}={old!r} in the checkpoint, {new!r} in this run); use "
+                "the same configuration or a new directory"
+            )
+
+
+def write_and_commit(
+    root: Path, storage: Storage, backend: Backend, step: int, state: dict, *, barriers: bool
+) -> None:
+    """Write ``state`` as ``step-N`` under ``root``; it exists complete or not at all."""
+    name = checkpoint_name(step)
+    rank0 = backend.rank == 0
+    if rank0 and storage.exists(name):
+        storage.rename(name, _OLD + name)
+    try:
+        if backend.writes_manifest():
+            _write_through_temp(root, storage, backend, name, state, barriers=barriers)
+        else:
+            backend.write(root / name, state)
+    except BaseException:
+        if rank0:
+            # A backend that failed half-way at the final path leaves no half checkpoint.
+            if storage.exists(name) and not ckptio.is_complete(root / name):
+                storage.remove(name)
+            if storage.exists(_OLD + name):
+                storage.rename(_OLD + name, name)
+        raise
+    if rank0:
+        storage.remove(_OLD + name)
+
+
+def _write_through_temp(
+    root: Path, storage: Storage, backend: Backend, name: str, state: dict, *, barriers: bool
+) -> None:
+    tmp_name = f".tmp-{name}"
+    tmp = root / tmp_name
+    tmp.mkdir(parents=True, exist_ok=True)
+    rank, world = backend.rank, backend.world_size
+    try:
+        backend.write(tmp, state)
+        (tmp / f".rank-{rank}.ok").touch()
+    except BaseException:
+        (tmp / f".rank-{rank}.failed").touch()
+        raise
+    finally:
+        if barriers:
+            backend.barrier()
+    if rank != 0:
+        return
+    try:
+        deadline = time.monotonic() + _MARKER_WAIT_S
+        while True:
+            failed = sorted(p.name for p in tmp.glob(".rank-*.failed"))
+            if failed:
+                raise CheckpointWriteError(f"{failed[0][1:-7]} failed to write {name}")
+            if len(list(tmp.glob(".rank-*.ok"))) >= world:
+                break
+            if time.monotonic() > deadline:
+                raise CheckpointWriteError(f"not every rank finished writing {name} in 1 h")
+            time.sleep(0.05)
+        write_manifest(tmp)
+        storage.rename(tmp_name, name)
+        storage.sync()
+    except BaseException:
+        storage.remove(tmp_name)
+        raise
+
+
+def quarantine(storage: Storage, name: str) -> None:
+    """Move a corrupt checkpoint aside: kept for inspection, never counted or reused."""
+    target, n = f"{name}.corrupt", 1
+    while storage.exists(target):
+        target, n = f"{name}.corrupt{n}", n + 1
+    try:
+        storage.rename(name, target)
+    except OSError as exc:
+        warnings.warn(f"could not move corrupt {name} aside: {exc}", stacklevel=3)
+
+
+def choose_checkpoint(root: Path, storage: Storage, config: dict | None) -> str | None:
+    """Rank 0: the newest checkpoint that verifies and fits ``config``; None when none does."""
+    ckptio.remove_stale_temps(root)
+    for entry in storage.list():
+        if entry.startswith(_OLD + "step-"):
+            # A crash while re-saving an existing step: the old one is still the good one.
+            original = entry[len(_OLD) :]
+            if storage.exists(original) and storage.exists(f"{original}/{ckptio.MANIFEST}"):
+                storage.remove(entry)
+            else:
+                storage.remove(original)
+                storage.rename(entry, original)
+    names = sorted(
+        (n for n in storage.list() if checkpoint_step(n) is not None),
+        key=checkpoint_step,
+        reverse=True,
+    )
+    for name in names:
+        if not storage.exists(f"{name}/{ckptio.MANIFEST}"):
+            # Never completed, or its deletion by retention was interrupted (the manifest
+            # goes first): nothing in it was ever promised to anyone.
+            warnings.warn(f"{name} has no manifest (incomplete); removing it", stacklevel=3)
+            storage.remove(name)
+            continue
+        try:
+            ckptio.verify_checkpoint(root / name)
+        except CorruptCheckpoint as exc:
+            warnings.warn(f"{exc}; falling back to an older checkpoint", stacklevel=3)
+            quarantine(storage, name)
+            continue
+        try:
+            meta = json.loads((root / name / ckptio.META_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = None  # a distributed checkpoint: its config is checked once read
+        check_config(root / name, meta.get("config") if isinstance(meta, dict) else None, config)
+        return name
+    return None

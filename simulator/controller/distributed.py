@@ -1,0 +1,440 @@
+"""torch.distributed backend: many ranks, one checkpoint, written through Distributed Checkpoint.
+
+Under torch.distributed every rank holds part of the state (a shard of an FSDP model, its own RNG
+stream, its own position in the data), and a checkpoint is complete only when every rank's part
+is on storage. :class:`DistributedBackend` fills the controller's ``Backend`` seam for that case:
+
+* decisions are made on rank 0 and sent to the others with ``broadcast_object_list``; the
+  checkpointer broadcasts the next due step only when it saves, so ranks agree on the save step
+  without a collective on every training step;
+* state is written with torch.distributed.checkpoint (DCP): every rank writes its own file into
+  the same directory and rank 0 writes DCP's ``.metadata`` after all ranks finished (files are
+  fsynced). Tensors that are not sharded are deduplicated (one rank writes them);
+* values that differ per rank (RNG states, data position: ``per_rank_keys``) would be lost to
+  that deduplication, so they are stored under a per-rank namespace and each rank reads back its
+  own;
+* loading never executes code: DCP would pickle non-tensor values and unpickle them with
+  ``weights_only=False``, so they are stored as JSON strings instead, and ``.metadata`` (a
+  pickle by design) is read through an allow-list of DCP's own metadata classes;
+* a raw ``optimizer.state_dict()`` keyed by int comes back with its int keys (DCP turns keys
+  into strings); ``model_state_dict``/``load_model_state_dict`` offer torch's
+  ``get_state_dict``/``set_state_dict`` (FQN keys, DDP/FSDP wrappers) for sharded models.
+
+The checkpointer owns atomicity around this (temp dir, per-rank markers, manifest, rename).
+:class:`ExternalSaveSchedule` is the checkpointer's schedule without its writer, for Lightning
+and Hugging Face Trainer, which write their own checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simulator.errors import InputError
+
+__all__ = ["PER_RANK_KEY", "DistributedBackend"]
+
+PER_RANK_KEY = "__per_rank__"
+"""Top-level key under which each rank's own values are stored, as ``{"rank<r>": {...}}``."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- no pickles: leaves as JSON, metadata through an allow-list ---------------------------------
+# DCP stores every non-tensor leaf with torch.save and reads it back with
+# torch.load(weights_only=False), and its .metadata is a plain pickle: loading would execute
+# whatever a tampered checkpoint holds. The controller's rule is that loading never executes
+# code, so leaves are stored as JSON strings (the controller's own tagged encoding, which
+# keeps tuples, bytes and NumPy arrays), read back with weights_only=True, and .metadata is
+# unpickled with an allow-list of DCP's own metadata classes.
+_JSON_MARK = "\x00ckptsim-json:"
+
+
+def _is_leaf(obj) -> bool:
+    if isinstance(obj, Mapping):
+        return False
+    if isinstance(obj, list):
+        return not any(isinstance(v, torch.Tensor | Mapping | list) for v in obj)
+    return not isinstance(obj, torch.Tensor)
+
+
+def _encode(obj):
+    from simulator.controller.state import flatten
+
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, Mapping):
+        return {k: _encode(v) for k, v in obj.items()}
+    if not _is_leaf(obj):
+        return [_encode(v) for v in obj]
+    tensors, tree = flatten(obj)
+    if tensors:  # a tuple holding tensors: DCP stores it, weights_only reads it back
+        return obj
+    return _JSON_MARK + json.dumps(tree, allow_nan=True)
+
+
+def _decode(obj):
+    from simulator.controller.state import unflatten
+
+    if isinstance(obj, str) and obj.startswith(_JSON_MARK):
+        return unflatten({}, json.loads(obj[len(_JSON_MARK) :]))
+    if isinstance(obj, Mapping):
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def _optimizer_int_keys(obj):
+    """Give a raw ``optimizer.state_dict()`` back its int keys, which DCP turned into strings.
+
+    torch optimizers key ``state`` by the int indices listed in ``param_groups[*]["params"]``;
+    a string ``"0"`` would be silently ignored by ``Optimizer.load_state_dict``.
+    """
+    if not isinstance(obj, dict):
+        return obj
+    groups = obj.get("param_groups")
+    if isinstance(obj.get("state"), dict) and isinstance(groups, list):
+        ids = {
+            p
+            for g in groups
+            if isinstance(g, dict)
+            for p in g.get("params", ())
+            if isinstance(p, int) and not isinstance(p, bool)
+        }
+        obj["state"] = {
+            (int(k) if isinstance(k, str) and k.isdigit() and int(k) in ids else k): v
+            for k, v in obj["state"].items()
+        }
+    for k, v in obj.items():
+        obj[k] = _optimizer_int_keys(v)
+    return obj
+
+
+_METADATA_MODULES = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint.planner",
+)
+_METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), torch.dtype | torch.layout | torch.memory_format
+        ):
+            return getattr(torch, name)
+        from simulator.controller.integrity import UnsafeCheckpoint
+
+        raise UnsafeCheckpoint(
+            f"refusing DCP metadata: it would import {module}.{name} (not a DCP metadata class)"
+        )
+
+
+def _safe_reader(ckpt_dir: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(ckpt_dir) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(ckpt_dir)
+
+
+def _completing_planner(rank: int):
+    """A DCP load planner that also loads entries the template lacks, from the checkpoint.
+
+    Tensors in the template load in place (so DTensor/FSDP shards keep their layout); entries
+    only the checkpoint has (a value added since, another rank's layout) are allocated from the
+    checkpoint's metadata, as DCP's own ``_EmptyStateDictLoadPlanner`` does. Other ranks'
+    per-rank entries are skipped. Non-tensor leaves load with ``weights_only=True``.
+    """
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    mine = f"rank{rank}"
+
+    class CompletingLoadPlanner(DefaultLoadPlanner):
+        def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+            have, _ = flatten_state_dict(state_dict)
+            paths = metadata.planner_data or {}
+            for fqn, md in metadata.state_dict_metadata.items():
+                if fqn in have:
+                    continue
+                path = tuple(paths.get(fqn, (fqn,)))
+                if path[0] == PER_RANK_KEY and (len(path) < 2 or path[1] != mine):
+                    continue
+                if isinstance(md, TensorStorageMetadata):
+                    value = torch.empty(md.size, dtype=md.properties.dtype)
+                else:
+                    value = None  # a placeholder for the stored leaf
+                set_element(state_dict, path, value)
+            super().set_up_planner(state_dict, metadata, is_coordinator)
+
+        def load_bytes(self, read_item, value) -> None:
+            set_element(
+                self.original_state_dict,
+                self.mappings[read_item.dest_index.fqn],
+                torch.load(value, weights_only=True),
+            )
+
+    return CompletingLoadPlanner()
+
+
+class DistributedBackend:
+    """The controller's Backend for a job under torch.distributed (any process group backend).
+
+    Create it after ``torch.distributed.init_process_group``; every rank makes the same calls in
+    the same order (save, restore), as DCP's collectives require. All ranks must see the same
+    checkpoint directory (a shared file system).
+    """
+
+    def __init__(
+        self,
+        *,
+        group: Any = None,
+        per_rank_keys: tuple[str, ...] = ("rng", "dataloader"),
+        thread_count: int = 1,
+    ):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise InputError(
+                "DistributedBackend needs torch.distributed initialised "
+                "(call torch.distributed.init_process_group first)"
+            )
+        if thread_count < 1:
+            raise InputError(f"thread_count must be a positive count, got {thread_count!r}")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.per_rank_keys = tuple(per_rank_keys)
+        self.thread_count = int(thread_count)
+
+    # -- coordination -----------------------------------------------------------------------
+    def broadcast(self, obj):
+        """``obj`` as rank 0 has it, on every rank."""
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, group=self.group, group_src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group)
+
+    def writes_manifest(self) -> bool:
+        """Yes: rank 0 writes the manifest, after DCP has gathered every rank's write results."""
+        return True
+
+    # -- model and optimizer state ----------------------------------------------------------
+    def model_state_dict(self, model, optimizer=None) -> tuple[dict, dict]:
+        """(model, optimizer) state dicts with FQN keys, via ``get_state_dict``.
+
+        The optimizer's state is initialised first when it has none (torch does a zero-lr
+        step), so a fresh optimizer's state dict is a complete template for loading.
+        """
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if optimizer is None:
+            return get_model_state_dict(model), {}
+        return get_state_dict(model, optimizer)
+
+    def load_model_state_dict(self, model, optimizer, model_sd: dict, optim_sd: dict) -> None:
+        """Apply what ``model_state_dict`` returned (after a ``read``)."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if optimizer is None:
+            set_model_state_dict(model, model_sd)
+        else:
+            set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+    # -- storage ----------------------------------------------------------------------------
+    def _split(self, state: dict) -> dict:
+        shared = {k: v for k, v in state.items() if k not in self.per_rank_keys}
+        own = {k: state[k] for k in self.per_rank_keys if k in state}
+        if own:
+            shared[PER_RANK_KEY] = {f"rank{self.rank}": own}
+        return shared
+
+    def write(self, tmp_dir: Path, state: dict) -> None:
+        """Every rank writes its part of ``state`` into ``tmp_dir`` with DCP; files fsynced.
+
+        Collective: all ranks call it with the same ``tmp_dir``. Returns once DCP's metadata
+        (the record that all ranks' writes completed) is on storage.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        tmp_dir = Path(tmp_dir)
+        writer = dcp.FileSystemWriter(
+            tmp_dir, sync_files=True, single_file_per_rank=True, thread_count=self.thread_count
+        )
+        dcp.save(_encode(self._split(state)), storage_writer=writer, process_group=self.group)
+        if self.rank == 0:
+            _fsync_dir(tmp_dir)
+
+    def read(self, ckpt_dir: Path, template: dict) -> dict:
+        """The state saved in ``ckpt_dir``, loaded into ``template`` where it has the entries.
+
+        Collective. Returns the nested state dict (this rank's per-rank values back at the
+        top level), including entries the template lacks.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from simulator.controller.integrity import CorruptCheckpoint, UnsafeCheckpoint
+
+        ckpt_dir = Path(ckpt_dir)
+        if not (ckpt_dir / ".metadata").is_file():
+            raise CorruptCheckpoint(f"{ckpt_dir.name}: no DCP .metadata (incomplete write)")
+        # Vet the metadata here: inside dcp.load a refusal would be swallowed into a fallback.
+        with open(ckpt_dir / ".metadata", "rb") as f:
+            try:
+                _MetadataUnpickler(f).load()
+            except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+                raise CorruptCheckpoint(
+                    f"{ckpt_dir.name}: unreadable DCP .metadata ({exc})"
+                ) from None
+        state = _encode(self._split(template))
+        try:
+            dcp.load(
+                state,
+                storage_reader=_safe_reader(ckpt_dir),
+                planner=_completing_planner(self.rank),
+                process_group=self.group,
+            )
+        except CheckpointException as exc:
+            # DCP gathers every rank's exception; an unsafe pickle is a refusal, not damage.
+            for failure in getattr(exc, "failures", {}).values():
+                error = failure[0] if isinstance(failure, tuple) else failure
+                if isinstance(error, UnsafeCheckpoint):
+                    raise UnsafeCheckpoint(str(error)) from None
+            raise CorruptCheckpoint(f"{ckpt_dir.name}: DCP cannot read it ({exc})") from None
+        except (UnsafeCheckpoint, CorruptCheckpoint):
+            raise
+        except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
+            raise CorruptCheckpoint(f"{ckpt_dir.name}: DCP cannot read it ({exc})") from None
+        state = _optimizer_int_keys(_decode(state))
+        own = state.pop(PER_RANK_KEY, {}).get(f"rank{self.rank}", {})
+        state.update(own)
+        return state
+
+
+class ExternalSaveSchedule:
+    """An AdaptiveCheckpointer's schedule, for frameworks that write their own checkpoints.
+
+    Lightning and Hugging Face Trainer save and resume their own (complete) state; what they
+    lack is *when*. This drives the checkpointer's schedule, run log and failure posterior
+    exactly as :meth:`AdaptiveCheckpointer.step` does, minus the writing: ``is_due`` is one int
+    compare until the due step; at the due step (rank 0's, broadcast at save time only) the
+    framework saves and reports the stall with ``record_save``. It lives here because its only
+    collective is the backend's broadcast; the callbacks in ``lightning`` and ``hf`` use it.
+    """
+
+    def __init__(self, checkpointer):
+        self.ckpt = checkpointer
+        self.schedule = checkpointer.schedule
+        self.backend = checkpointer.backend
+        self.clock = checkpointer.clock
+        self._session_start = self.clock()
+        self.next_due_step = 0
+        self._mark_step, self._mark_t = 0, self._session_start
+
+    def _age_s(self) -> float:
+        return self.clock() - self._session_start
+
+    def _measure(self, step: int) -> None:
+        now = self.clock()
+        if step > self._mark_step and now > self._mark_t:
+            self.schedule.iteration.update((now - self._mark_t) / (step - self._mark_step))
+
+    def _plan(self, step: int) -> int:
+        due = self.schedule.next_due(step, age_s=self._age_s())
+        self.next_due_step = int(self.backend.broadcast(due))
+        self._mark_step, self._mark_t = step, self.clock()
+        return self.next_due_step
+
+    def start(self, step: int) -> int:
+        """The framework (re)starts training after ``step`` steps; returns the first due step.
+
+        A resumed run starts from the estimates logged with the newest save at or before
+        ``step`` (the framework's checkpoint has no room for them; the run log does), so it
+        needs no new probe, just as AdaptiveCheckpointer.restore seeds from its checkpoint.
+        """
+        from simulator.controller.runlog import read_events
+        from simulator.controller.schedule import Estimates
+
+        if step > 0 and self.backend.rank == 0:
+            for event in reversed(read_events(self.ckpt.runlog.path)):
+                est = event.get("estimates")
+                if event["event"] == "save" and isinstance(est, dict) and event["step"] <= step:
+                    self.schedule.seed(Estimates(**est))
+                    break
+        self.ckpt.resumed_from = step if step > 0 else None
+        self.ckpt.runlog.append("restore", session_s=self._age_s(), step=int(step))
+        return self._plan(int(step))
+
+    def is_due(self, step: int) -> bool:
+        """True when the framework should save after ``step`` steps (collective only then)."""
+        if step < self.next_due_step:
+            return False
+        if self.schedule.needs_probe and not self.schedule.needs_first_save:
+            # The probe's end: the iteration time is known now, so the interval can be.
+            self._measure(step)
+            self._plan(step)
+            return False
+        self._measure(step)
+        return True
+
+    def record_save(self, step: int, *, stall_s: float, write_s: float | None = None) -> int:
+        """The framework saved after ``step`` steps, stalling ``stall_s``; returns the next due."""
+        self.schedule.stall.update(max(float(stall_s), 0.0))
+        if write_s is not None:
+            self.schedule.write.update(float(write_s))
+        self.ckpt.saves += 1
+        self.ckpt.last_saved_step = int(step)
+        session_s = self._age_s()
+        self.schedule.update_exposure(session_s)
+        self.ckpt.runlog.append(
+            "save",
+            session_s=session_s,
+            step=int(step),
+            ok=True,
+            estimates=vars(self.schedule.estimates()),
+        )
+        return self._plan(int(step))

@@ -1,0 +1,166 @@
+"""When the next save is due, as a step number, from what the run has measured about itself.
+
+The policy (``simulator.policies``) answers in seconds of compute; training counts steps. The
+:class:`Schedule` keeps the estimates a policy needs — the save stall δ and, for asynchronous
+saves, the background write time (running means over the saves so far), the iteration time
+(measured between saves, so the hot path does no timing), the failure-rate posterior (a prior
+from the scenario or ``mtbf_h``, updated by the restarts in the run log) — and turns the
+policy's interval into a step count. Milestone steps are always due.
+
+Before the first save nothing about δ has been measured. With a scenario, its
+``checkpoint_s`` is used (``checkpoint_s_source == "scenario"``) once a short probe of
+``probe_steps`` steps has measured the iteration time; without one, the first save happens at
+the end of the probe and measures δ itself (``"first save"``). A resumed run starts from the
+estimates stored in the checkpoint it resumed from (``"previous session"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.estimate import FailureRatePosterior, RunningMean
+from simulator.failures import Lifetime
+from simulator.policies import FixedInterval, Policy, PolicyContext
+
+__all__ = ["DEFAULT_MTBF_S", "Estimates", "Schedule"]
+
+DEFAULT_MTBF_S = 24 * 3600.0
+"""Prior MTBF when neither a scenario nor ``mtbf_h`` is given: a weak guess (weight 1)."""
+
+_MIN_CHECKPOINT_S = 1e-3  # a save is never free; keeps closed forms away from τ = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimates:
+    """What one session measured, stored in each checkpoint for the next session."""
+
+    save_stall_s: float | None = None
+    write_s: float | None = None
+    iteration_s: float | None = None
+
+
+class Schedule:
+    """The estimates behind the interval, and the step at which the next save is due."""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        prior: FailureRatePosterior,
+        restart_s: float,
+        checkpoint_prior_s: float | None,
+        asynchronous: bool,
+        milestones: tuple[int, ...] = (),
+        component: Lifetime | None = None,
+        n_components: int = 1,
+        probe_steps: int = 20,
+    ):
+        self.policy = policy
+        self.prior = prior
+        self.posterior = prior
+        self.restart_s = float(restart_s)
+        self.checkpoint_prior_s = checkpoint_prior_s
+        self.asynchronous = asynchronous
+        self.milestones = tuple(sorted(set(milestones)))
+        self.component = component
+        self.n_components = n_components
+        self.probe_steps = int(probe_steps)
+        self.stall = RunningMean()
+        self.write = RunningMean()
+        self.iteration = RunningMean()
+        self.past_failures = 0
+        self.past_exposure_s = 0.0
+        self._seeded = False
+        self.interval_s = math.nan
+        self.interval_steps = 0
+
+    # -- evidence ---------------------------------------------------------------------------
+    def set_history(self, failures: int, exposure_s: float) -> None:
+        """Failures and exposure of the past sessions (from the run log)."""
+        self.past_failures = int(failures)
+        self.past_exposure_s = float(exposure_s)
+        self.posterior = self.prior.observe(self.past_failures, self.past_exposure_s)
+
+    def update_exposure(self, session_s: float) -> None:
+        """This session has run ``session_s`` seconds without failing (so far)."""
+        self.posterior = self.prior.observe(
+            self.past_failures, self.past_exposure_s + max(0.0, session_s)
+        )
+
+    def seed(self, est: Estimates) -> None:
+        """Start from a previous session's measurements."""
+        for mean, value in (
+            (self.stall, est.save_stall_s),
+            (self.write, est.write_s),
+            (self.iteration, est.iteration_s),
+        ):
+            if value is not None and math.isfinite(value) and value > 0 and mean.value is None:
+                mean.value = float(value)
+        self._seeded = self.stall.value is not None
+
+    @property
+    def checkpoint_s_source(self) -> str:
+        """Where δ comes from: measured, previous session, scenario, or first save (pending)."""
+        if self.stall.count:
+            return "measured"
+        if self._seeded:
+            return "previous session"
+        return "scenario" if self.checkpoint_prior_s is not None else "first save"
+
+    def estimates(self) -> Estimates:
+        return Estimates(
+            save_stall_s=self.stall.value,
+            write_s=self.write.value,
+            iteration_s=self.iteration.value,
+        )
+
+    # -- decisions --------------------------------------------------------------------------
+    @property
+    def needs_probe(self) -> bool:
+        """True until the iteration time, and δ where the policy uses it, can be known."""
+        return self.iteration.value is None or self.needs_first_save
+
+    @property
+    def needs_first_save(self) -> bool:
+        """No δ from a measurement, a previous session or the scenario, and the policy needs one."""
+        unknown = self.stall.value is None and self.checkpoint_prior_s is None
+        return unknown and not isinstance(self.policy, FixedInterval)
+
+    @property
+    def checkpoint_s(self) -> float | None:
+        value = self.stall.value if self.stall.value is not None else self.checkpoint_prior_s
+        return None if value is None else max(value, _MIN_CHECKPOINT_S)
+
+    def context(self, age_s: float) -> PolicyContext:
+        component = self.component
+        if component is not None:
+            # Keep the hazard's shape but centre it on what the run has learned.
+            component = component.with_mean(self.posterior.mtbf_s * self.n_components)
+        return PolicyContext(
+            checkpoint_s=self.checkpoint_s if self.checkpoint_s is not None else 60.0,
+            restart_s=self.restart_s,
+            mtbf_s=self.posterior.mtbf_s,
+            age_s=age_s,
+            component=component,
+            n_components=self.n_components,
+        )
+
+    def next_due(self, step: int, *, age_s: float) -> int:
+        """The step at which the next save is due, counted from a save (or probe) at ``step``."""
+        if self.needs_probe:
+            steps = self.probe_steps
+            self.interval_s = math.nan
+        else:
+            interval_s = float(self.policy.next_interval_s(self.context(age_s)))
+            if self.asynchronous and self.write.value is not None:
+                # The background write must finish before the next save may start.
+                interval_s = max(interval_s, self.write.value)
+            self.interval_s = interval_s
+            steps = max(1, round(interval_s / max(self.iteration.value, 1e-9)))
+        self.interval_steps = steps
+        due = step + steps
+        for m in self.milestones:
+            if step < m < due:
+                return m
+        return due

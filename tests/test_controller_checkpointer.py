@@ -1,0 +1,271 @@
+"""The checkpointer on a real disk: integrity, fallback, refusal of pickles, failed writes."""
+
+import errno
+import os
+import pickle
+import resource
+import signal
+import warnings
+
+import pytest
+import torch
+
+from simulator import ckptio
+from simulator.controller import (
+    AdaptiveCheckpointer,
+    CheckpointWriteError,
+    IncompatibleCheckpoint,
+    LocalBackend,
+    UnsafeCheckpoint,
+)
+from simulator.controller.integrity import write_manifest
+from simulator.controller.storage import checkpoint_name
+from simulator.policies import FixedInterval
+
+
+def make_run(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    return model, opt, sched
+
+
+def train(model, opt, sched, steps=1):
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        sched.step()
+
+
+def checkpointer(directory, model, opt, sched, **kw):
+    kw.setdefault("policy", FixedInterval(1e9))
+    return AdaptiveCheckpointer(directory, model=model, optimizer=opt, scheduler=sched, **kw)
+
+
+def assert_same_model(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture
+def two_saves(tmp_path):
+    """A directory with good checkpoints at steps 1 and 2, and the model as it was at each."""
+    model, opt, sched = make_run()
+    snapshots = {}
+    with checkpointer(tmp_path, model, opt, sched, keep_last=3) as ck:
+        for step in (1, 2):
+            train(model, opt, sched)
+            ck.save(step)
+            snapshots[step] = {k: v.clone() for k, v in model.state_dict().items()}
+    return tmp_path, snapshots
+
+
+def resume(directory, **kw):
+    model, opt, sched = make_run(seed=99)
+    ck = checkpointer(directory, model, opt, sched, **kw)
+    step = ck.restore()
+    ck.close()
+    return step, model
+
+
+def test_restore_takes_the_newest_checkpoint_and_an_empty_directory_gives_step_zero(
+    two_saves, tmp_path_factory
+):
+    directory, snaps = two_saves
+    step, model = resume(directory)
+    assert step == 2
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in snaps[2].items())
+    assert resume(tmp_path_factory.mktemp("empty"))[0] == 0
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one_with_a_warning(two_saves):
+    directory, snaps = two_saves
+    tensors = directory / checkpoint_name(2) / ckptio.TENSOR_FILE
+    os.truncate(tensors, tensors.stat().st_size // 2)
+    with pytest.warns(UserWarning, match="truncated"):
+        step, model = resume(directory)
+    assert step == 1
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in snaps[1].items())
+    assert (directory / f"{checkpoint_name(2)}.corrupt").is_dir()  # kept aside, not reused
+
+
+def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_one(two_saves):
+    directory, _ = two_saves
+    tensors = directory / checkpoint_name(2) / ckptio.TENSOR_FILE
+    data = bytearray(tensors.read_bytes())
+    data[-3] ^= 0xFF  # one flipped bit pattern inside a tensor: same size, wrong bytes
+    tensors.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="CRC-32"):
+        assert resume(directory)[0] == 1
+
+
+def test_a_checkpoint_whose_manifest_never_got_written_is_skipped(two_saves):
+    directory, _ = two_saves
+    (directory / checkpoint_name(2) / ckptio.MANIFEST).unlink()
+    with pytest.warns(UserWarning, match="no manifest"):
+        assert resume(directory)[0] == 1
+    assert not (directory / checkpoint_name(2)).exists()
+
+
+class Planted:
+    """Unpickling this would create a marker file: code running at load time."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_pickle_is_refused_and_its_code_never_runs(two_saves, tmp_path_factory):
+    directory, _ = two_saves
+    marker = tmp_path_factory.mktemp("m") / "pwned"
+    newest = directory / checkpoint_name(2)
+    (newest / "extra_state.pkl").write_bytes(pickle.dumps(Planted(marker)))
+    with pytest.raises(UnsafeCheckpoint, match=r"extra_state\.pkl is a pickle .*open"):
+        resume(directory)
+    assert not marker.exists()
+
+
+def test_a_tensor_file_swapped_for_a_torch_save_pickle_with_a_matching_manifest_is_refused(
+    two_saves, tmp_path_factory
+):
+    directory, _ = two_saves
+    marker = tmp_path_factory.mktemp("m") / "pwned"
+    newest = directory / checkpoint_name(2)
+    torch.save({"w": Planted(marker)}, newest / ckptio.TENSOR_FILE)
+    (newest / ckptio.MANIFEST).unlink()
+    write_manifest(newest)  # the attacker also rewrote the checksums
+    with pytest.raises(UnsafeCheckpoint, match=r"torch\.save archive"):
+        resume(directory)
+    assert not marker.exists()
+
+
+def test_resuming_with_a_different_configuration_is_refused_in_one_line(tmp_path):
+    model, opt, sched = make_run()
+    with checkpointer(tmp_path, model, opt, sched, config={"lr": 0.01, "batch": 4}) as ck:
+        ck.save(1)
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        resume(tmp_path, config={"lr": 0.02, "batch": 4})
+    message = str(info.value)
+    assert "\n" not in message and "lr=0.01 in the checkpoint, 0.02 in this run" in message
+    assert resume(tmp_path, config={"lr": 0.01, "batch": 4})[0] == 1
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused_clearly(tmp_path):
+    model, opt, sched = make_run()
+    with checkpointer(tmp_path, model, opt, sched) as ck:
+        ck.save(1)
+    other = torch.nn.Linear(8, 1)
+    ck = AdaptiveCheckpointer(tmp_path, model=other, policy=FixedInterval(1e9))
+    with pytest.raises(IncompatibleCheckpoint, match="does not fit this run"):
+        ck.restore()
+    ck.close()
+
+
+class FailingBackend(LocalBackend):
+    """Writes half a checkpoint, then fails the way a full disk does."""
+
+    def __init__(self):
+        self.fail = False
+
+    def write(self, path, state):
+        if not self.fail:
+            return super().write(path, state)
+        path.mkdir()
+        (path / ckptio.TENSOR_FILE).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_failed_write_never_replaces_last_good(tmp_path):
+    model, opt, sched = make_run()
+    backend = FailingBackend()
+    ck = checkpointer(tmp_path, model, opt, sched, keep_last=1, backend=backend)
+    train(model, opt, sched)
+    ck.save(1)
+    good = {k: v.clone() for k, v in model.state_dict().items()}
+    backend.fail = True
+    train(model, opt, sched)
+    with pytest.raises(CheckpointWriteError, match=r"No space left.*step-00000001.*intact"):
+        ck.save(2)
+    ck.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step-")) == [
+        checkpoint_name(1)
+    ]
+    step, restored = resume(tmp_path)
+    assert step == 1
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in good.items())
+
+
+def test_a_real_write_error_from_the_os_keeps_the_last_good_checkpoint(tmp_path):
+    # RLIMIT_FSIZE makes the kernel fail writes past a size (EFBIG): a genuine I/O error.
+    model = torch.nn.Linear(256, 256)  # 257 KiB of weights, over the limit below
+    ck = AdaptiveCheckpointer(tmp_path, model=model, policy=FixedInterval(1e9), keep_last=1)
+    ck.save(1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(CheckpointWriteError, match="too large"):
+            ck.save(2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    ck.close()
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name != "runlog.jsonl")
+    assert names == [checkpoint_name(1)]  # no temp dir left behind either
+    ckptio.verify_checkpoint(tmp_path / checkpoint_name(1))
+
+
+def test_an_async_write_error_surfaces_on_the_next_step_and_keeps_the_last_good(tmp_path):
+    model, opt, sched = make_run()
+    backend = FailingBackend()
+    ck = checkpointer(tmp_path, model, opt, sched, backend=backend, async_save=True)
+    ck.save(1)
+    backend.fail = True
+    ck.save(2)  # returns once staged; the write fails in the background
+    ck._inflight.exception()  # wait for the background thread, as time passing would
+    with pytest.raises(CheckpointWriteError, match="background write of step 2"):
+        ck.step(3)  # far from due: only the failed write sends it down the slow path
+    assert ck.step(4) is False  # reported once, then training goes on
+    ck.close()
+    assert resume(tmp_path)[0] == 1
+
+
+def test_an_async_save_is_complete_after_close_and_restores_exactly(tmp_path):
+    model, opt, sched = make_run()
+    ck = checkpointer(tmp_path, model, opt, sched, async_save=True)
+    train(model, opt, sched, 3)
+    ck.save(3)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    train(model, opt, sched, 2)  # training goes on while the write runs
+    ck.close()
+    step, restored = resume(tmp_path)
+    assert step == 3
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in saved.items())
+    assert ck.stats["write_s"] > 0 and ck.stats["save_stall_s"] > 0
+
+
+def test_saving_a_step_that_exists_replaces_it_only_once_the_new_one_is_complete(tmp_path):
+    model, opt, sched = make_run()
+    with checkpointer(tmp_path, model, opt, sched) as ck:
+        ck.save(1)
+        train(model, opt, sched)
+        ck.save(1)
+    step, restored = resume(tmp_path)
+    assert step == 1
+    assert_same_model(restored, model)
+
+
+def test_stale_temp_directories_from_a_crash_are_cleaned_at_restore(two_saves):
+    directory, _ = two_saves
+    stale = directory / f".{checkpoint_name(3)}.tmp-123-abcd"
+    stale.mkdir()
+    (stale / ckptio.TENSOR_FILE).write_bytes(b"half")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resume(directory)[0] == 2
+    assert not stale.exists()
