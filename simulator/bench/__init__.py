@@ -1,0 +1,24 @@
+"""The checkpoint benchmark: what a real save and restore cost on this machine's disk.
+
+It builds the complete state a training resume needs — a GPT-style transformer's weights,
+AdamW after one real step (both moments), the LR scheduler, the RNG states and the data
+position — and writes that same state in each format people use (``torch.save``,
+safetensors, DCP, DCP async, and this project's own :mod:`simulator.ckptio`), with fsync,
+interleaved with a raw sequential write of the same number of bytes, so every format is
+measured against the disk it ran on, in the same run. The samples feed
+:mod:`simulator.costmodel`. This package imports torch; the simulation core does not.
+"""
+
+from simulator.bench.runner import BenchConfig, BenchResult, run_benchmark
+from simulator.bench.state import FORMATS, SIZE_NAMES, TrainingState, build_state, parse_size
+
+__all__ = [
+    "FORMATS",
+    "SIZE_NAMES",
+    "BenchConfig",
+    "BenchResult",
+    "TrainingState",
+    "build_state",
+    "parse_size",
+    "run_benchmark",
+]

@@ -1,0 +1,248 @@
+"""How each checkpoint format saves and restores the same complete state, timed honestly.
+
+Every save ends durable: the library's own fsync where it has one (DCP ``sync_files``,
+:mod:`simulator.ckptio`), else an explicit fsync of every file written, and always an fsync of
+the directory. Before a restore, the written files' pages are dropped from the page cache
+(``posix_fadvise(DONTNEED)`` after the fsync made them clean), so loads read the disk.
+The raw baseline writes and reads the same number of bytes with plain ``os.write``/``os.read``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from simulator import ckptio
+from simulator.bench.state import flatten, unflatten
+
+_RAW_CHUNK = 64 << 20
+
+
+def fsync_tree(directory: Path) -> None:
+    """fsync every file under ``directory``, then each directory (deepest first)."""
+    for root, dirs, files in os.walk(directory, topdown=False):
+        for name in files:
+            ckptio.fsync_file(Path(root, name))
+        ckptio.fsync_dir(Path(root))
+        del dirs
+
+
+def drop_cache(directory: Path) -> None:
+    """Ask the kernel to drop the (clean, fsync'ed) pages of every file under ``directory``."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            fd = os.open(Path(root, name), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def disk_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------ raw baseline
+
+_BUFFER: np.ndarray | None = None
+
+
+def _raw_buffer() -> memoryview:
+    global _BUFFER
+    if _BUFFER is None:
+        _BUFFER = np.random.default_rng(12345).integers(0, 256, size=_RAW_CHUNK, dtype=np.uint8)
+    return memoryview(_BUFFER)
+
+
+def raw_write(directory: Path, nbytes: int) -> float:
+    """Seconds to write ``nbytes`` sequentially and fsync file and directory."""
+    buf = _raw_buffer()
+    directory.mkdir()
+    file = directory / "raw.bin"
+    start = time.perf_counter()
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        left = nbytes
+        while left:
+            view = buf[: min(left, len(buf))]
+            while view:
+                n = os.write(fd, view)
+                view, left = view[n:], left - n
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    ckptio.fsync_dir(directory)
+    return time.perf_counter() - start
+
+
+def raw_read(directory: Path) -> float:
+    """Seconds to read the raw file back from disk (page cache dropped first)."""
+    drop_cache(directory)
+    start = time.perf_counter()
+    with open(directory / "raw.bin", "rb", buffering=0) as f:
+        while f.read(_RAW_CHUNK):
+            pass
+    return time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------ formats
+# save(state, directory) -> {"save_s": ..., optionally "stall_s": ...}; directory is new.
+# load(directory, state) -> the restored state (IN_PLACE formats fill ``state``'s tensors).
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _save_torch(state: Any, directory: Path) -> dict[str, float]:
+    def go():
+        directory.mkdir()
+        torch.save(state, directory / "state.pt")
+        fsync_tree(directory)
+
+    return {"save_s": _timed(go)}
+
+
+def _load_torch(directory: Path, state: Any = None) -> Any:
+    return torch.load(directory / "state.pt", map_location="cpu", weights_only=True)
+
+
+def _save_safetensors(state: Any, directory: Path) -> dict[str, float]:
+    from safetensors.torch import save_file
+
+    def go():
+        directory.mkdir()
+        tensors, tree = flatten(state)
+        save_file(tensors, directory / "state.safetensors")
+        (directory / "state.json").write_text(json.dumps(tree))
+        fsync_tree(directory)
+
+    return {"save_s": _timed(go)}
+
+
+def _load_safetensors(directory: Path, state: Any = None) -> Any:
+    from safetensors.torch import load_file
+
+    # load_file maps the file lazily; clone so the restore reads the bytes now, as the other
+    # formats do (a training resume copies them into the model right away anyway).
+    tensors = {k: v.clone() for k, v in load_file(directory / "state.safetensors").items()}
+    return unflatten(tensors, json.loads((directory / "state.json").read_text()))
+
+
+@contextlib.contextmanager
+def _single_process_dcp():
+    """DCP warns that it assumes one process when no process group exists: we mean that."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _dcp_writer(directory: Path):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(directory, sync_files=True)
+
+
+def _save_dcp(state: Any, directory: Path) -> dict[str, float]:
+    import torch.distributed.checkpoint as dcp
+
+    def go():
+        with _single_process_dcp():
+            dcp.save(state, storage_writer=_dcp_writer(directory), no_dist=True)
+        ckptio.fsync_dir(directory)
+
+    return {"save_s": _timed(go)}
+
+
+def _save_dcp_async(state: Any, directory: Path) -> dict[str, float]:
+    import torch.distributed.checkpoint as dcp
+
+    start = time.perf_counter()
+    with _single_process_dcp():
+        future = dcp.async_save(state, storage_writer=_dcp_writer(directory), no_dist=True)
+    stall = time.perf_counter() - start
+    # Newer torch may return a response holding separate staging and upload futures.
+    future = getattr(future, "upload_completion", future)
+    future.result()
+    ckptio.fsync_dir(directory)
+    return {"save_s": time.perf_counter() - start, "stall_s": stall}
+
+
+def _load_dcp(directory: Path, state: Any) -> Any:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    with _single_process_dcp():
+        dcp.load(state, storage_reader=FileSystemReader(directory), no_dist=True)
+    return state
+
+
+def _save_ckptsim(state: Any, directory: Path) -> dict[str, float]:
+    def go():
+        tensors, tree = flatten(state)
+        ckptio.write_checkpoint(directory, tensors, {"tree": tree})
+
+    return {"save_s": _timed(go)}
+
+
+def _load_ckptsim(directory: Path, state: Any = None) -> Any:
+    tensors, meta = ckptio.read_checkpoint(directory, verify=True)
+    return unflatten(tensors, meta["tree"])
+
+
+def save_ckptsim_async(state: Any, directory: Path) -> dict[str, float]:
+    """The controller's async path: stage (the stall), then write in the background.
+
+    ``stall_cold_s`` stages into freshly allocated memory (the first save of a run);
+    ``stall_s`` stages again into the same buffers once the write is done, as every later
+    save of a run does when the staging buffers are kept (``stage(..., out=previous)``).
+    """
+    start = time.perf_counter()
+    tensors, tree = flatten(state)
+    staged = ckptio.stage(tensors)
+    cold = time.perf_counter() - start
+    with ckptio.AsyncWriter() as writer:
+        writer.submit(directory, staged, {"tree": tree})
+        writer.wait()
+    total = time.perf_counter() - start
+    again = time.perf_counter()
+    ckptio.stage(flatten(state)[0], out=staged)
+    warm = time.perf_counter() - again
+    return {"save_s": total, "stall_s": warm, "stall_cold_s": cold}
+
+
+SAVERS: dict[str, Callable[[Any, Path], dict[str, float]]] = {
+    "torch": _save_torch,
+    "safetensors": _save_safetensors,
+    "dcp": _save_dcp,
+    "dcp-async": _save_dcp_async,
+    "ckptsim": _save_ckptsim,
+    "ckptsim-async": save_ckptsim_async,
+}
+LOADERS: dict[str, Callable[[Path, Any], Any]] = {
+    "torch": _load_torch,
+    "safetensors": _load_safetensors,
+    "dcp": _load_dcp,
+    "dcp-async": _load_dcp,
+    "ckptsim": _load_ckptsim,
+    "ckptsim-async": _load_ckptsim,
+}
+IN_PLACE = frozenset({"dcp", "dcp-async"})
+"""Formats that restore into the existing tensors; the others build a new state, so the
+runner drops its own reference first to keep one copy of the state in memory."""
+COPYING = frozenset({"dcp-async", "ckptsim-async"})
+"""Formats whose save holds a second copy of the state in memory (the async staging)."""

@@ -1,0 +1,326 @@
+"""The benchmark loop: interleaved, repeated, fsync'ed saves and cold restores per format.
+
+Within one size, each repeat runs the raw baseline and every format once, in an order
+rotated by the repeat number, so slow drift of the disk (or of neighbours on a shared machine)
+spreads over all formats instead of landing on one; each format's bandwidth is reported as a
+ratio to the raw sequential write of the same bytes measured in the same run. Only one
+checkpoint exists on disk at a time, and everything written is removed on exit, Ctrl-C
+included.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simulator.bench import formats as fmt_io
+from simulator.bench.state import DTYPES, FORMATS, build_state, parse_size
+from simulator.costmodel import BYTES_PER_PARAM, CostProfile
+from simulator.errors import InputError
+
+GOAL_WRITER_RATIO = 0.90
+GOAL_ASYNC_STALL_RATIO = 0.10
+_DISK_MARGIN_BYTES = 512 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What to measure and where."""
+
+    directory: Path
+    """Directory to write checkpoints in (on the disk being measured)."""
+    sizes: tuple[str, ...] = ("25M", "200M")
+    """Model sizes, e.g. 25M, 200M, 1B (parameters)."""
+    formats: tuple[str, ...] = FORMATS
+    """Formats to measure; ``ckptsim`` also measures its async path as ``ckptsim-async``."""
+    dtypes: tuple[str, ...] = ("fp32",)
+    """fp32 (12 B/param) and/or bf16 with fp32 master weights (14 B/param)."""
+    repeats: int = 3
+    """Repeats per (size, format)."""
+    seed: int = 0
+
+    def __post_init__(self):
+        unknown = [f for f in self.formats if f not in FORMATS]
+        if unknown or not self.formats:
+            raise InputError(
+                f"unknown format {', '.join(unknown) or '(none)'}: use {', '.join(FORMATS)}"
+            )
+        bad = [d for d in self.dtypes if d not in DTYPES]
+        if bad or not self.dtypes:
+            raise InputError(f"unknown dtype {', '.join(bad) or '(none)'}: use fp32, bf16")
+        if not self.sizes:
+            raise InputError("give at least one model size, e.g. --sizes 25M")
+        for s in self.sizes:
+            parse_size(s)
+        if self.repeats < 1:
+            raise InputError(f"repeats must be at least 1, got {self.repeats}")
+
+    @property
+    def jobs(self) -> list[str]:
+        jobs = ["raw", *self.formats]
+        if "ckptsim" in self.formats:
+            jobs.insert(jobs.index("ckptsim") + 1, "ckptsim-async")
+        return jobs
+
+
+@dataclass
+class BenchResult:
+    """Aggregated results, raw samples, goal ratios and the machine they came from."""
+
+    raw_bytes_per_s: float
+    raw_read_bytes_per_s: float
+    results: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    goals: dict[str, Any]
+    machine: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "raw_bytes_per_s": self.raw_bytes_per_s,
+            "raw_read_bytes_per_s": self.raw_read_bytes_per_s,
+            "results": self.results,
+            "goals": self.goals,
+            "machine": self.machine,
+            "notes": self.notes,
+        }
+
+    def profile(self) -> CostProfile:
+        return CostProfile.from_samples(self.samples, self.machine)
+
+
+def check_directory(directory: Path) -> None:
+    if not directory.is_dir():
+        raise InputError(f"--dir {directory} is not an existing directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=".ckptsim-probe-", dir=directory)
+    except OSError as exc:
+        raise InputError(f"--dir {directory} is not writable: {exc.strerror}") from None
+    os.rmdir(probe)
+
+
+def mem_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def estimated_bytes(size: str, dtype: str) -> int:
+    return int(parse_size(size) * BYTES_PER_PARAM[dtype] * 1.05)
+
+
+def check_resources(cfg: BenchConfig) -> None:
+    """Refuse up front what cannot fit: one checkpoint on disk, one state in memory."""
+    largest = max(estimated_bytes(s, d) for s in cfg.sizes for d in cfg.dtypes)
+    free = shutil.disk_usage(cfg.directory).free
+    need = int(largest * 1.1) + _DISK_MARGIN_BYTES
+    if free < need:
+        raise InputError(
+            f"too little free disk in {cfg.directory}: the largest checkpoint needs "
+            f"~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+        )
+    mem = mem_available_bytes()
+    if largest * 1.3 > mem:  # building the state briefly holds gradients too
+        raise InputError(
+            f"too little memory for the largest size: its state needs ~{largest * 1.3 / 1e9:.1f} "
+            f"GB of RAM, {mem / 1e9:.1f} GB available"
+        )
+
+
+def machine_facts(directory: Path) -> dict[str, Any]:
+    import torch
+
+    facts: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "mem_total_bytes": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
+        "cuda": torch.cuda.is_available(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "directory": str(directory),
+        "disk_total_bytes": shutil.disk_usage(directory).total,
+    }
+    facts.update(_mount_of(directory))
+    return facts
+
+
+def _mount_of(directory: Path) -> dict[str, str]:
+    best = ("", "", "")
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                if str(directory.resolve()).startswith(mnt) and len(mnt) > len(best[1]):
+                    best = (dev, mnt, fstype)
+    except OSError:
+        return {}
+    return {"disk_device": best[0], "mount_point": best[1], "filesystem": best[2]}
+
+
+def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
+    """Measure every (size, dtype, format) ``cfg.repeats`` times; see the module docstring."""
+    from tqdm import tqdm
+
+    directory = Path(cfg.directory)
+    check_directory(directory)
+    check_resources(cfg)
+    jobs = cfg.jobs
+    total = len(cfg.sizes) * len(cfg.dtypes) * cfg.repeats * len(jobs)
+    samples: list[dict[str, Any]] = []
+    notes: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="ckptsim-bench-", dir=directory))
+    bar = tqdm(total=total, desc="bench", unit="save", disable=not progress, file=sys.stderr)
+    try:
+        for size in sorted(cfg.sizes, key=parse_size):
+            for dtype in cfg.dtypes:
+                bar.set_postfix_str(f"{size} {dtype}: building state")
+                ts = build_state(parse_size(size), dtype=dtype, seed=cfg.seed)
+                state = ts.state
+                roomy = 2.2 * ts.tensor_bytes < mem_available_bytes()
+                for rep in range(cfg.repeats):
+                    shift = rep % len(jobs)
+                    for job in jobs[shift:] + jobs[:shift]:
+                        bar.set_postfix_str(f"{size} {dtype} {job}")
+                        if job in fmt_io.COPYING and not roomy:
+                            note = (
+                                f"{job} skipped at {size} {dtype}: a second copy won't fit in RAM"
+                            )
+                            if note not in notes:
+                                notes.append(note)
+                            bar.update()
+                            continue
+                        row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
+                        row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
+                        state = _measure(job, state, ts.tensor_bytes, work / f"{job}-{rep}", row)
+                        samples.append(row)
+                        bar.update()
+                del ts, state
+    finally:
+        bar.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return _summarise(samples, notes, machine_facts(directory))
+
+
+def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]) -> Any:
+    """One save + cold restore; returns the state to carry on with (the restored one)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DCP: "assuming ... a single process"
+            if job == "raw":
+                row["save_s"] = fmt_io.raw_write(where, nbytes)
+                row["bytes"] = fmt_io.disk_bytes(where)
+                row["load_s"] = fmt_io.raw_read(where)
+                return state
+            row.update(fmt_io.SAVERS[job](state, where))
+            row["bytes"] = fmt_io.disk_bytes(where)
+            fmt_io.drop_cache(where)
+            start = time.perf_counter()
+            if job in fmt_io.IN_PLACE:
+                state = fmt_io.LOADERS[job](where, state)
+            else:
+                # Drop our reference so only the restored copy is held (1x memory at 1B).
+                loader, state = fmt_io.LOADERS[job], None
+                state = loader(where)
+            row["load_s"] = time.perf_counter() - start
+            return state
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def _summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) -> BenchResult:
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        groups.setdefault((s["format"], s["dtype"], s["params"]), []).append(s)
+    raw_bw: dict[tuple, float] = {}
+    raw_read: dict[tuple, float] = {}
+    for (fmt, dtype, params), rows in groups.items():
+        if fmt == "raw":
+            raw_bw[dtype, params] = statistics.median(r["bytes"] / r["save_s"] for r in rows)
+            raw_read[dtype, params] = statistics.median(r["bytes"] / r["load_s"] for r in rows)
+    results = []
+    for (fmt, dtype, params), rows in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0])):
+        save = _median(rows, "save_s")
+        nbytes = int(statistics.median(r["bytes"] for r in rows))
+        res = {
+            "format": fmt,
+            "dtype": dtype,
+            "size": rows[0]["size"],
+            "params": params,
+            "bytes": nbytes,
+            "repeats": len(rows),
+            "save_s_median": save,
+            "bytes_per_s": nbytes / save,
+            "ratio_to_raw": nbytes / save / raw_bw[dtype, params],
+            "load_s_median": _median(rows, "load_s"),
+            "load_ratio_to_raw": (nbytes / _median(rows, "load_s")) / raw_read[dtype, params],
+        }
+        if fmt in fmt_io.COPYING:
+            res["stall_s_median"] = _median(rows, "stall_s")
+            if fmt == "ckptsim-async":
+                res["stall_cold_s_median"] = _median(rows, "stall_cold_s")
+        results.append(res)
+    largest = max(p for _, p in raw_bw)
+    return BenchResult(
+        raw_bytes_per_s=max(v for (_, p), v in raw_bw.items() if p == largest),
+        raw_read_bytes_per_s=max(v for (_, p), v in raw_read.items() if p == largest),
+        results=results,
+        samples=samples,
+        goals=_goals(results),
+        machine=machine,
+        notes=notes,
+    )
+
+
+def _goals(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The two goal ratios at the largest size each could be measured at."""
+
+    def at_largest(fmt: str) -> dict | None:
+        rows = [r for r in results if r["format"] == fmt]
+        return max(rows, key=lambda r: r["params"]) if rows else None
+
+    goals: dict[str, Any] = {}
+    writer = at_largest("ckptsim")
+    if writer:
+        goals["writer_ratio_to_raw"] = {
+            "value": writer["ratio_to_raw"],
+            "goal_min": GOAL_WRITER_RATIO,
+            "met": writer["ratio_to_raw"] >= GOAL_WRITER_RATIO,
+            "size": writer["size"],
+            "dtype": writer["dtype"],
+        }
+    for fmt, sync in (("ckptsim-async", "ckptsim"), ("dcp-async", "dcp")):
+        a = at_largest(fmt)
+        if not a:
+            continue
+        s = next((r for r in results if r["format"] == sync and r["params"] == a["params"]), None)
+        base = s["save_s_median"] if s else a["save_s_median"]
+        ratio = a["stall_s_median"] / base
+        goals[f"{fmt}_stall_ratio"] = {
+            "value": ratio,
+            "goal_max": GOAL_ASYNC_STALL_RATIO,
+            "met": ratio <= GOAL_ASYNC_STALL_RATIO,
+            "size": a["size"],
+            "dtype": a["dtype"],
+            "sync_format": sync if s else fmt,
+        }
+    return goals

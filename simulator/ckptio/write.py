@@ -1,0 +1,195 @@
+"""Writing a checkpoint: temp sibling dir, safetensors + JSON, CRC-32 manifest, atomic rename."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+
+from simulator.ckptio.layout import (
+    _CRC_CHUNK,
+    _TEMP_MARK,
+    FORMAT,
+    MANIFEST,
+    META_FILE,
+    TENSOR_FILE,
+    VERSION,
+    CheckpointWriteError,
+    bytes_of,
+    fsync_dir,
+    fsync_file,
+)
+
+
+def write_checkpoint(
+    path: str | os.PathLike,
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    *,
+    fsync: bool = True,
+) -> dict[str, Any]:
+    """Write a complete checkpoint at ``path`` atomically and return its manifest.
+
+    ``path`` must not exist yet. On any failure (including KeyboardInterrupt) the temporary
+    directory is removed and ``path`` is left absent; OS errors surface as
+    :class:`CheckpointWriteError` naming the path and the cause.
+    """
+    path = Path(path)
+    tensors = _checked_tensors(tensors)
+    meta_bytes = _meta_bytes(meta)
+    if path.exists():
+        raise FileExistsError(f"checkpoint path {path} already exists")
+    parent = path.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"checkpoint parent directory {parent} does not exist")
+    tmp = parent / f".{path.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.mkdir(tmp)
+        files = {
+            TENSOR_FILE: _write_tensor_file(tmp / TENSOR_FILE, tensors, fsync=fsync),
+            META_FILE: _write_bytes(tmp / META_FILE, meta_bytes, fsync=fsync),
+        }
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "checksum": "crc32",
+            "files": files,
+            "tensors": len(tensors),
+            "bytes": sum(f["bytes"] for f in files.values()),
+        }
+        _write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode(), fsync=fsync)
+        if fsync:
+            fsync_dir(tmp)
+        os.rename(tmp, path)
+        if fsync:
+            fsync_dir(parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, FileExistsError | CheckpointWriteError):
+            raise
+        raise CheckpointWriteError(
+            exc.errno, f"could not write checkpoint {path}: {exc.strerror or exc}"
+        ) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _checked_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Dense contiguous CPU tensors, aliases of the same bytes made separate (safetensors
+    refuses tensors that overlap in memory, e.g. tied embedding and output weights)."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict of name -> torch.Tensor, got {type(tensors)}")
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if not isinstance(name, str) or name == "__metadata__":
+            raise ValueError(f"tensor name {name!r} is not allowed (a str, not '__metadata__')")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
+        t = t.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        out[name] = t.contiguous()
+    return _separate_overlaps(out)
+
+
+def _separate_overlaps(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), name)
+        for name, t in tensors.items()
+        if t.numel() > 0
+    )
+    last_stop = -1
+    for start, stop, name in spans:
+        if start < last_stop:
+            tensors[name] = tensors[name].clone()
+        else:
+            last_stop = stop
+    return tensors
+
+
+def _meta_bytes(meta: dict[str, Any]) -> bytes:
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta must be a JSON-serialisable dict, got {type(meta)}")
+    try:
+        return json.dumps(meta).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"meta is not plain JSON: {exc}") from exc
+
+
+def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: bool) -> dict:
+    try:
+        save_file(tensors, file, metadata={"format": "pt"})
+    except SafetensorError as exc:
+        # The library's Rust writer reports I/O failures as text ("... (os error 28)").
+        found = re.search(r"os error (\d+)", str(exc))
+        code = int(found.group(1)) if found else errno.EIO
+        raise OSError(code, os.strerror(code) if found else str(exc)) from exc
+    result: dict[str, Any] = {}
+
+    def checksum() -> None:
+        try:
+            result["crc32"] = _file_crc(file, tensors)
+        except BaseException as exc:  # handed to the writing thread below
+            result["error"] = exc
+
+    worker = threading.Thread(target=checksum, name="ckptio-crc")
+    worker.start()
+    try:
+        if fsync:
+            fsync_file(file)
+    finally:
+        worker.join()
+    if "error" in result:
+        raise result["error"]
+    return {"bytes": file.stat().st_size, "crc32": result["crc32"]}
+
+
+def _file_crc(file: Path, tensors: dict[str, torch.Tensor]) -> int:
+    """CRC-32 of the whole file, from its (small) header on disk and the tensors in memory.
+
+    The header states where each tensor's bytes sit; walking them in file order gives the same
+    CRC as reading the file back, without a second pass over the disk.
+    """
+    with open(file, "rb") as f:
+        head = f.read(8)
+        header_len = int.from_bytes(head, "little")
+        header = f.read(header_len)
+    crc = zlib.crc32(header, zlib.crc32(head))
+    entries = json.loads(header)
+    entries.pop("__metadata__", None)
+    for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
+        t = tensors[name]
+        if t.numel() == 0:
+            continue
+        data = memoryview(bytes_of(t))
+        for i in range(0, len(data), _CRC_CHUNK):
+            crc = zlib.crc32(data[i : i + _CRC_CHUNK], crc)
+    return crc
+
+
+def _write_bytes(file: Path, data: bytes, *, fsync: bool) -> dict:
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"bytes": len(data), "crc32": zlib.crc32(data)}

@@ -1,0 +1,169 @@
+"""The checkpoint benchmark at tiny sizes: complete state, every format, the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import namedtuple
+
+import pytest
+import torch
+
+from simulator.bench import FORMATS, BenchConfig, build_state, parse_size, run_benchmark
+from simulator.bench import formats as fmt_io
+from simulator.bench.state import flatten, unflatten
+from simulator.cli import main
+from simulator.costmodel import CostProfile
+from simulator.errors import InputError
+
+# DCP's async writer thread warns that it assumes a single process; that is what we mean.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_state(parse_size("300K"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def other():
+    return build_state(parse_size("300K"), seed=2)
+
+
+def test_size_names_parse_and_nonsense_is_refused():
+    assert parse_size("25M") == 25_000_000
+    assert parse_size("1B") == 1_000_000_000
+    assert parse_size("1.5m") == 1_500_000
+    for bad in ("3Q", "", "M", "10", "50B"):
+        with pytest.raises(InputError):
+            parse_size(bad)
+
+
+@pytest.mark.parametrize("dtype, per_param", [("fp32", 12), ("bf16", 14)])
+def test_state_holds_weights_both_adam_moments_scheduler_rng_and_data_position(dtype, per_param):
+    ts = build_state(parse_size("300K"), dtype=dtype)
+    s = ts.state
+    assert set(s) >= {"model", "optimizer", "scheduler", "rng", "data"}
+    n_params = len(s["model"])
+    opt = s["optimizer"]["state"]
+    assert len(opt) == n_params
+    assert all({"step", "exp_avg", "exp_avg_sq"} <= set(v) for v in opt.values())
+    assert all(v["exp_avg"].dtype == torch.float32 for v in opt.values())
+    assert any(v["exp_avg"].abs().sum() > 0 for v in opt.values())  # a real step happened
+    assert s["scheduler"]["last_epoch"] == 1 and s["data"]["step"] == 1
+    assert isinstance(s["rng"]["torch"], torch.Tensor)
+    assert ts.real_step
+    want = next(iter(s["model"].values())).dtype
+    assert want == (torch.bfloat16 if dtype == "bf16" else torch.float32)
+    # Adam needs two fp32 moments per parameter, plus fp32 master weights under bf16.
+    assert ts.tensor_bytes / ts.params == pytest.approx(per_param, rel=0.01)
+
+
+def test_flatten_unflatten_restores_every_tensor_and_value(tiny):
+    tensors, tree = flatten(tiny.state)
+    json.dumps(tree)  # the non-tensor part is plain JSON
+    back = unflatten(tensors, json.loads(json.dumps(tree)))
+    again, tree2 = flatten(back)
+    assert tree2 == tree
+    assert all(torch.equal(again[k], v) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("fmt", [*FORMATS, "ckptsim-async"])
+def test_every_format_saves_and_restores_the_same_complete_state(fmt, tiny, other, tmp_path):
+    out = fmt_io.SAVERS[fmt](tiny.state, tmp_path / fmt)
+    assert out["save_s"] > 0
+    if fmt in fmt_io.COPYING:
+        assert 0 < out["stall_s"] <= out["save_s"]
+    assert fmt_io.disk_bytes(tmp_path / fmt) >= tiny.tensor_bytes
+    fmt_io.drop_cache(tmp_path / fmt)
+    # DCP restores in place: give it a state with the same shapes and different values.
+    template = {k: v for k, v in other.state.items()}
+    template["model"] = {k: v.clone() for k, v in other.state["model"].items()}
+    template["optimizer"] = {
+        "state": {
+            i: {k: v.clone() for k, v in d.items()}
+            for i, d in other.state["optimizer"]["state"].items()
+        },
+        "param_groups": other.state["optimizer"]["param_groups"],
+    }
+    restored = fmt_io.LOADERS[fmt](tmp_path / fmt, template)
+    want, want_tree = flatten(tiny.state)
+    got, got_tree = flatten(restored)
+    assert set(got) == set(want)
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    assert json.loads(json.dumps(got_tree)) == json.loads(json.dumps(want_tree))
+
+
+def test_benchmark_reports_each_format_against_raw_and_cleans_up(tmp_path):
+    cfg = BenchConfig(directory=tmp_path, sizes=("300K",), repeats=1)
+    result = run_benchmark(cfg, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    by_format = {r["format"]: r for r in result.results}
+    assert set(by_format) == {"raw", *FORMATS, "ckptsim-async"}
+    raw = by_format["raw"]
+    assert raw["ratio_to_raw"] == pytest.approx(1.0)
+    assert result.raw_bytes_per_s == pytest.approx(raw["bytes_per_s"])
+    for r in result.results:
+        assert r["ratio_to_raw"] == pytest.approx(r["bytes_per_s"] / raw["bytes_per_s"])
+        assert r["bytes"] >= 12 * r["params"]
+    assert by_format["dcp-async"]["stall_s_median"] > 0
+    assert {"writer_ratio_to_raw", "ckptsim-async_stall_ratio"} <= set(result.goals)
+
+
+def test_interrupt_mid_benchmark_removes_everything_written(tmp_path, monkeypatch):
+    real = fmt_io.SAVERS["ckptsim"]
+
+    def interrupted(state, directory):
+        real(state, directory)
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(fmt_io.SAVERS, "ckptsim", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(
+            BenchConfig(directory=tmp_path, sizes=("300K",), formats=("ckptsim",), repeats=1),
+            progress=False,
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_json_has_the_documented_keys_and_writes_a_loadable_profile(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    work = tmp_path / "w"
+    work.mkdir()
+    argv = ["bench", "--sizes", "300K,3M", "--formats", "torch,dcp-async", "--repeats", "1"]
+    argv += ["--dir", str(work), "--out", str(out), "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["raw_bytes_per_s"] > 0
+    keys = {"format", "params", "bytes", "save_s_median", "bytes_per_s", "ratio_to_raw"}
+    keys |= {"load_s_median"}
+    for r in data["results"]:
+        assert keys <= set(r)
+        assert ("stall_s_median" in r) == (r["format"] == "dcp-async")
+    profile = CostProfile.load(out)
+    assert {"torch", "dcp-async", "raw"} <= set(profile.fits)
+    assert profile.predict(params=1e9, format="dcp-async").stall_s > 0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--formats", "torch,zip"], "unknown format zip"),
+        (["--sizes", "3Q"], "unknown model size"),
+        (["--dir", "/nonexistent/dir"], "not an existing directory"),
+        (["--sizes", "1M", "--dtypes", "fp8"], "unknown dtype"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, capsys):
+    argv = ["bench", "--dir", str(tmp_path), "--repeats", "1", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_too_little_free_disk_is_refused_before_writing(tmp_path, capsys, monkeypatch):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 10**6, 10**6))
+    assert main(["bench", "--dir", str(tmp_path), "--sizes", "1M", "--repeats", "1"]) == 2
+    assert "too little free disk" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

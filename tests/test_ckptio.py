@@ -1,0 +1,298 @@
+"""The atomic checkpoint writer on a real temporary directory, with injected faults."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from simulator import ckptio
+from simulator.ckptio import (
+    AsyncWriter,
+    CheckpointWriteError,
+    CorruptCheckpoint,
+    is_complete,
+    read_checkpoint,
+    stage,
+    verify_checkpoint,
+    write_checkpoint,
+)
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    bf16 = torch.randn(64, 33, generator=g).to(torch.bfloat16)
+    # Bit patterns that value comparison would hide: -0.0 and a NaN payload.
+    bf16.view(torch.int16)[0, :2] = torch.tensor([-32768, 0x7FC1], dtype=torch.int16)
+    return {
+        "model.w": torch.randn(128, 64, generator=g),
+        "model.w_bf16": bf16,
+        "optim.step": torch.tensor(7.0),
+        "optim.exp_avg": torch.randn(128, 64, generator=g),
+        "data.index": torch.arange(10, dtype=torch.int64),
+        "mask": torch.rand(17, generator=g) > 0.5,
+        "empty": torch.empty(0, 3),
+    }
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+META = {"step": 7, "lr": 3e-4, "rng": {"python": [3, [1, 2, 3], None]}, "name": "run-α"}
+
+
+def test_round_trip_is_bit_exact_including_bf16_nan_and_negative_zero(tmp_path):
+    state = _state()
+    write_checkpoint(tmp_path / "ck", state, META)
+    tensors, meta = read_checkpoint(tmp_path / "ck")
+    assert meta == META
+    assert set(tensors) == set(state)
+    for name, t in state.items():
+        assert _bits_equal(tensors[name], t), name
+
+
+def test_manifest_crc_equals_crc_of_the_bytes_on_disk(tmp_path):
+    manifest = write_checkpoint(tmp_path / "ck", _state(), META)
+    assert set(manifest["files"]) == {ckptio.TENSOR_FILE, ckptio.META_FILE}
+    for name, entry in manifest["files"].items():
+        data = (tmp_path / "ck" / name).read_bytes()
+        assert entry["bytes"] == len(data)
+        assert entry["crc32"] == zlib.crc32(data)
+    assert json.loads((tmp_path / "ck" / ckptio.MANIFEST).read_text()) == manifest
+
+
+def test_tensor_file_is_standard_safetensors(tmp_path):
+    state = _state()
+    write_checkpoint(tmp_path / "ck", state, META)
+    loaded = load_file(tmp_path / "ck" / ckptio.TENSOR_FILE)
+    assert all(_bits_equal(loaded[k], v) for k, v in state.items())
+
+
+def test_tied_and_noncontiguous_tensors_are_saved(tmp_path):
+    w = torch.randn(8, 4)
+    state = {"embed": w, "lm_head": w, "transposed": w.t(), "half": w[:4]}
+    write_checkpoint(tmp_path / "ck", state, {})
+    tensors, _ = read_checkpoint(tmp_path / "ck")
+    for name, t in state.items():
+        assert torch.equal(tensors[name], t), name
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("truncate", "truncated"),
+        ("flip", "CRC-32"),
+        ("no_manifest", "missing"),
+        ("meta_edit", "CRC-32"),
+        ("drop_tensor_file", "missing"),
+    ],
+)
+def test_verify_detects_planted_corruption(tmp_path, damage, reason):
+    ck = tmp_path / "ck"
+    write_checkpoint(ck, _state(), META)
+    tensor_file = ck / ckptio.TENSOR_FILE
+    if damage == "truncate":
+        os.truncate(tensor_file, tensor_file.stat().st_size - 5)
+    elif damage == "flip":
+        data = bytearray(tensor_file.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        tensor_file.write_bytes(bytes(data))
+    elif damage == "no_manifest":
+        (ck / ckptio.MANIFEST).unlink()
+    elif damage == "meta_edit":
+        text = (ck / ckptio.META_FILE).read_text().replace('"step": 7', '"step": 8')
+        (ck / ckptio.META_FILE).write_text(text)
+    else:
+        tensor_file.unlink()
+    with pytest.raises(CorruptCheckpoint, match=reason) as info:
+        verify_checkpoint(ck)
+    assert "\n" not in str(info.value)
+    with pytest.raises(CorruptCheckpoint):
+        read_checkpoint(ck)
+
+
+def test_is_complete_uses_sizes_only_and_rejects_incomplete_dirs(tmp_path):
+    ck = tmp_path / "ck"
+    write_checkpoint(ck, _state(), META)
+    assert is_complete(ck)
+    os.truncate(ck / ckptio.META_FILE, 3)
+    assert not is_complete(ck)
+    assert not is_complete(tmp_path / "nothing-here")
+
+
+def test_crash_before_rename_leaves_only_a_temp_dir_never_taken_for_a_checkpoint(tmp_path):
+    # A separate process dies hard (no cleanup handlers) exactly where the rename would be.
+    script = textwrap.dedent(
+        f"""
+        import os, torch
+        from simulator import ckptio
+        os.rename = lambda *a: os._exit(9)
+        ckptio.write_checkpoint({str(tmp_path / "ck")!r}, {{"w": torch.ones(4)}}, {{"a": 1}})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert proc.returncode == 9, proc.stderr.decode()
+    assert not (tmp_path / "ck").exists()
+    (leftover,) = list(tmp_path.iterdir())
+    assert (leftover / ckptio.MANIFEST).is_file()  # everything but the rename happened
+    assert ckptio.is_temp_dir(leftover)
+    assert not is_complete(leftover)
+    with pytest.raises(CorruptCheckpoint, match="unfinished"):
+        verify_checkpoint(leftover)
+    assert ckptio.remove_stale_temps(tmp_path) == [leftover]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _assert_clean_failure(parent: Path, good: Path) -> None:
+    assert sorted(p.name for p in parent.iterdir()) == [good.name]
+    verify_checkpoint(good)
+
+
+def test_failed_fsync_never_replaces_last_good(tmp_path, monkeypatch):
+    good = tmp_path / "step-1"
+    write_checkpoint(good, _state(1), {"step": 1})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointWriteError, match="No space left") as info:
+        write_checkpoint(tmp_path / "step-2", _state(2), {"step": 2})
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    _assert_clean_failure(tmp_path, good)
+
+
+def test_short_then_failing_os_write_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
+    good = tmp_path / "step-1"
+    write_checkpoint(good, _state(1), {"step": 1})
+    real_write = os.write
+    calls = []
+
+    def flaky(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data)[:3])  # a short write must be continued
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "write", flaky)
+    with pytest.raises(CheckpointWriteError, match="Input/output error"):
+        write_checkpoint(tmp_path / "step-2", _state(2), {"step": 2, "pad": "x" * 50})
+    monkeypatch.undo()
+    assert len(calls) == 2
+    _assert_clean_failure(tmp_path, good)
+
+
+def test_real_file_size_limit_mid_tensor_write_is_a_clean_error(tmp_path):
+    # RLIMIT_FSIZE makes the kernel refuse writes past 64 KiB (EFBIG), inside the safetensors
+    # library's own writer: a real write error, not a patched Python function.
+    script = textwrap.dedent(
+        f"""
+        import resource, signal, sys, torch
+        from simulator import ckptio
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+        try:
+            ckptio.write_checkpoint({str(tmp_path / "ck")!r}, {{"w": torch.ones(1 << 16)}}, {{}})
+        except ckptio.CheckpointWriteError as exc:
+            print("ERR", exc)
+            sys.exit(3)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "could not write checkpoint" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupt_during_write_removes_the_temp_dir(tmp_path, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckptio.write, "save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(tmp_path / "ck", _state(), META)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_inputs_are_refused_before_touching_disk(tmp_path):
+    with pytest.raises(TypeError, match="not plain JSON"):
+        write_checkpoint(tmp_path / "a", {"w": torch.ones(2)}, {"t": torch.ones(1)})
+    with pytest.raises(TypeError, match=r"not a torch\.Tensor"):
+        write_checkpoint(tmp_path / "b", {"w": [1.0]}, {})
+    write_checkpoint(tmp_path / "c", {"w": torch.ones(2)}, {})
+    with pytest.raises(FileExistsError):
+        write_checkpoint(tmp_path / "c", {"w": torch.zeros(2)}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    assert torch.equal(read_checkpoint(tmp_path / "c")[0]["w"], torch.ones(2))
+
+
+def test_stage_returns_independent_contiguous_cpu_copies():
+    src = {"a": torch.randn(6, 4).t(), "b": torch.arange(5)}
+    staged = stage(src)
+    expected = {k: v.clone() for k, v in src.items()}
+    src["a"].mul_(0)
+    src["b"].add_(1)
+    for k, v in staged.items():
+        assert v.is_contiguous() and v.device.type == "cpu"
+        assert torch.equal(v, expected[k])
+
+
+def test_async_writer_writes_in_order_and_reports_manifest(tmp_path):
+    with AsyncWriter() as writer:
+        assert writer.wait() is None
+        writer.submit(tmp_path / "s1", stage(_state(1)), {"step": 1})
+        writer.submit(tmp_path / "s2", stage(_state(2)), {"step": 2})  # waits for s1
+        assert is_complete(tmp_path / "s1")
+        manifest = writer.wait()
+        assert not writer.in_flight
+    assert manifest == json.loads((tmp_path / "s2" / ckptio.MANIFEST).read_text())
+    assert read_checkpoint(tmp_path / "s2")[1] == {"step": 2}
+
+
+def test_async_write_error_surfaces_once_on_next_call(tmp_path, monkeypatch):
+    writer = AsyncWriter()
+    real_save = ckptio.write.save_file
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckptio.write, "save_file", full)
+    writer.submit(tmp_path / "s1", stage(_state()), {})
+    with pytest.raises(CheckpointWriteError, match="No space left"):
+        writer.submit(tmp_path / "s2", stage(_state()), {})
+    monkeypatch.setattr(ckptio.write, "save_file", real_save)
+    writer.submit(tmp_path / "s3", stage(_state()), {"ok": True})
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s3"]
+    verify_checkpoint(tmp_path / "s3")
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.submit(tmp_path / "s4", {}, {})
+
+
+def test_stage_reuses_matching_buffers_and_replaces_mismatched_ones():
+    first = stage({"a": torch.ones(3), "b": torch.ones(2)})
+    again = stage({"a": torch.full((3,), 2.0), "b": torch.ones(4)}, out=first)
+    assert again["a"].data_ptr() == first["a"].data_ptr()
+    assert torch.equal(again["a"], torch.full((3,), 2.0))
+    assert again["b"].shape == (4,) and again["b"].data_ptr() != first["b"].data_ptr()
+
+
+def test_read_tensors_live_in_process_memory_not_a_file_mapping(tmp_path):
+    write_checkpoint(tmp_path / "ck", {"w": torch.arange(1 << 16, dtype=torch.float32)}, {})
+    tensors, _ = read_checkpoint(tmp_path / "ck")
+    with open("/proc/self/maps") as maps:
+        assert str(tmp_path / "ck") not in maps.read()
+    assert torch.equal(tensors["w"], torch.arange(1 << 16, dtype=torch.float32))

@@ -1,0 +1,158 @@
+"""The checkpoint cost model: the fit, the profile file, and the extrapolation to big jobs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.costmodel import BYTES_PER_PARAM, CostProfile, fit_linear
+from simulator.errors import InputError
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    latency_s=st.floats(0.0, 10.0),
+    gb_per_s=st.floats(0.01, 100.0),
+    sizes=st.lists(st.floats(1e6, 1e12), min_size=2, max_size=8, unique=True),
+)
+def test_fit_recovers_an_exact_line(latency_s, gb_per_s, sizes):
+    bw = gb_per_s * 1e9
+    x = np.array(sizes)
+    if np.ptp(x) < 1e-3 * x.max():
+        return  # nearly identical sizes carry no slope information
+    fit = fit_linear(x, latency_s + x / bw)
+    assert fit.bytes_per_s == pytest.approx(bw, rel=1e-6)
+    assert fit.latency_s == pytest.approx(latency_s, abs=1e-6 * (1 + x.max() / bw))
+    assert max(abs(r) for r in fit.residuals_s) <= 1e-6 * (1 + x.max() / bw)
+
+
+def test_noisy_fit_matches_numpy_polyfit_and_keeps_residuals():
+    rng = np.random.default_rng(3)
+    x = np.repeat([1e8, 5e8, 2e9, 8e9], 3)
+    y = 0.4 + x / 2.5e8 + rng.normal(0, 0.1, x.size)
+    fit = fit_linear(x, y)
+    slope, intercept = np.polyfit(x, y, 1)
+    assert fit.bytes_per_s == pytest.approx(1 / slope, rel=1e-9)
+    assert fit.latency_s == pytest.approx(intercept, rel=1e-9)
+    assert len(fit.residuals_s) == x.size and sum(fit.residuals_s) == pytest.approx(0, abs=1e-9)
+    assert 0.9 < fit.r2 <= 1
+
+
+def test_fit_refuses_a_single_size():
+    with pytest.raises(InputError, match="two or more distinct sizes"):
+        fit_linear([1e9, 1e9], [1.0, 1.1])
+
+
+def _profile(save_bw=2e8, load_bw=4e8, stall_bw=4e9, latency=0.5) -> CostProfile:
+    samples = []
+    for params in (1e7, 1e8, 1e9):
+        nbytes = params * 12
+        samples.append(
+            {
+                "format": "ckptsim-async",
+                "dtype": "fp32",
+                "params": params,
+                "tensor_bytes": nbytes,
+                "bytes": nbytes,
+                "save_s": latency + nbytes / save_bw,
+                "load_s": latency + nbytes / load_bw,
+                "stall_s": 0.01 + nbytes / stall_bw,
+            }
+        )
+        samples.append(samples[-1] | {"format": "torch", "stall_s": None})
+    return CostProfile.from_samples(samples, {"cpu_count": 2})
+
+
+def test_single_node_prediction_is_latency_plus_bytes_over_bandwidth():
+    cost = _profile().predict(params=7e9, format="torch", dtype="bf16")
+    total = 7e9 * BYTES_PER_PARAM["bf16"]
+    assert cost.bytes == pytest.approx(total)
+    assert cost.write_s == pytest.approx(0.5 + total / 2e8)
+    assert cost.restore_s == pytest.approx(0.5 + total / 4e8)
+    assert cost.stall_s == cost.write_s  # a synchronous format stalls for the whole write
+
+
+def test_async_stall_is_the_staging_copy_and_is_not_storage_capped():
+    profile = _profile()
+    cost = profile.predict(params=7e9, nodes=8, format="ckptsim-async", dtype="fp32")
+    shard = 7e9 * 12 / 8
+    assert cost.stall_s == pytest.approx(0.01 + shard / 4e9)
+    capped = profile.predict(
+        params=7e9, nodes=8, format="ckptsim-async", dtype="fp32", aggregate_bytes_per_s=1e8
+    )
+    assert capped.stall_s == pytest.approx(cost.stall_s)
+    assert capped.write_s > cost.write_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    params=st.floats(1e8, 1e12),
+    nodes=st.integers(1, 20000),
+    cap_gb_per_s=st.one_of(st.none(), st.floats(0.1, 1e4)),
+)
+def test_sharded_write_never_beats_either_bandwidth_limit(params, nodes, cap_gb_per_s):
+    cap = None if cap_gb_per_s is None else cap_gb_per_s * 1e9
+    cost = _profile().predict(
+        params=params, nodes=nodes, format="torch", dtype="bf16", aggregate_bytes_per_s=cap
+    )
+    shard = cost.bytes / nodes
+    assert cost.write_s >= shard / 2e8 * (1 - 1e-12)  # one writer's bandwidth
+    if cap is not None:
+        assert cost.write_s >= cost.bytes / cap * (1 - 1e-12)  # all writers share the cap
+    more = _profile().predict(
+        params=params * 2, nodes=nodes, format="torch", dtype="bf16", aggregate_bytes_per_s=cap
+    )
+    assert more.write_s > cost.write_s
+
+
+def test_profile_round_trips_through_json(tmp_path):
+    profile = _profile()
+    path = tmp_path / "p.json"
+    profile.save(path)
+    again = CostProfile.load(path)
+    assert again.fits == profile.fits
+    assert again.samples == json.loads(path.read_text())["samples"]
+    kw = dict(params=70e9, nodes=1024, format="ckptsim-async", aggregate_bytes_per_s=5e10)
+    assert again.predict(**kw) == profile.predict(**kw)
+
+
+def test_bad_profile_and_bad_requests_are_one_line_input_errors(tmp_path):
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(InputError, match="not JSON"):
+        CostProfile.load(tmp_path / "x.json")
+    with pytest.raises(InputError, match="cannot read"):
+        CostProfile.load(tmp_path / "missing.json")
+    profile = _profile()
+    with pytest.raises(InputError, match="not in this profile"):
+        profile.predict(params=1e9, format="dcp")
+    with pytest.raises(InputError, match="nodes"):
+        profile.predict(params=1e9, nodes=0, format="torch")
+    with pytest.raises(InputError, match="params"):
+        profile.predict(params=-1, format="torch")
+
+
+def test_costmodel_does_not_import_torch():
+    code = "import sys, simulator.costmodel; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_format_whose_times_do_not_grow_with_size_is_left_unfitted():
+    rows = [
+        {"format": f, "params": n, "tensor_bytes": b, "bytes": b, "save_s": t, "load_s": t}
+        for f, n, b, t in [
+            ("noisy", 1, 1e6, 0.5),
+            ("noisy", 2, 2e6, 0.4),
+            ("fine", 1, 1e6, 0.1),
+            ("fine", 2, 2e6, 0.2),
+        ]
+    ]
+    profile = CostProfile.from_samples(rows, {})
+    assert set(profile.fits) == {"fine"}
+    with pytest.raises(InputError, match="not in this profile"):
+        profile.predict(params=1e9, format="noisy")
