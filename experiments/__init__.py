@@ -1,0 +1,1 @@
+"""Studies that regenerate the reports in ``reports/``: one script per question."""

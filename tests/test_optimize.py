@@ -1,0 +1,71 @@
+"""The optimum by simulation: found where the exact answer is known, with honest noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from simulator import analytic, optimize
+from simulator.errors import InputError
+from simulator.policies import FixedInterval
+from simulator.scenario import Scenario
+
+SMALL = Scenario(
+    gpus=1024,
+    mtbf_h=2.0,
+    checkpoint_s=300.0,
+    restart_s=600.0,
+    work_h=300.0,
+    usd_per_gpu_hour=2.0,
+)
+
+
+def test_simulated_optimum_is_within_two_percent_of_the_exact_exponential_optimum():
+    res = optimize.optimize_by_simulation(SMALL, replicas=120, seed=11, bootstrap=100)
+    exact = analytic.optimal_interval(SMALL.save_stall_s, SMALL.system_mtbf_s)
+    assert abs(res["interval_s"] / exact - 1) < 0.02
+    lo, hi = res["interval_ci_s"]
+    assert lo < res["interval_s"] < hi
+    # A 3 h habit on a 2 h MTBF must cost measurably more than the optimum.
+    assert res["policies"]["fixed-3h"]["excess_pct_lo"] > 0
+
+
+def test_common_random_numbers_shrink_the_variance_of_paired_differences():
+    pols = [FixedInterval(1500.0), FixedInterval(2500.0)]
+    same = optimize.evaluate(SMALL, pols, replicas=200, seed=1)["wall_s"]
+    other = optimize.evaluate(SMALL, pols[1:], replicas=200, seed=2)["wall_s"]
+    paired = np.var(same[1] - same[0], ddof=1)
+    independent = np.var(other[0] - same[0], ddof=1)
+    assert paired < 0.25 * independent
+
+
+def test_paired_excess_interval_is_scipys_paired_t_interval():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(10.0, 2.0, 50)
+    y = ref + rng.normal(0.3, 0.5, 50)
+    ex = optimize.paired_excess(y, ref, level=0.9)
+    ci = stats.ttest_rel(y, ref).confidence_interval(0.9)
+    assert ex["lo"] == pytest.approx(ci.low) and ex["hi"] == pytest.approx(ci.high)
+
+
+def test_scaled_family_recovers_the_optimum_as_a_factor_near_one():
+    from simulator.policies import ExactOptimal
+
+    opt = optimize.optimize_parameter(
+        SMALL,
+        lambda f: optimize.Scaled(ExactOptimal(), f),
+        (0.3, 3.0),
+        replicas=100,
+        seed=4,
+        bootstrap=50,
+    )
+    assert 0.95 < opt.value < 1.05
+    assert opt.ci[0] <= opt.value <= opt.ci[1]
+
+
+def test_bad_search_settings_are_one_line_input_errors():
+    with pytest.raises(InputError, match="bounds"):
+        optimize.optimize_parameter(SMALL, FixedInterval, (10.0, 5.0))
+    with pytest.raises(InputError, match="objective"):
+        optimize.optimize_parameter(SMALL, FixedInterval, (10.0, 50.0), objective="speed")
