@@ -88,7 +88,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         from simulator.controller.checkpointer import AdaptiveCheckpointer
-        from simulator.controller.distributed import ExternalSaveSchedule
+        from simulator.controller.external import ExternalSaveSchedule
 
         strategy = str(getattr(args.save_strategy, "value", args.save_strategy))
         if strategy not in ("no", "best"):

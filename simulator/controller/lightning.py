@@ -161,7 +161,7 @@ class AdaptiveCheckpoint(_Callback):
     # -- Lightning hooks --------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
         from simulator.controller.checkpointer import AdaptiveCheckpointer
-        from simulator.controller.distributed import ExternalSaveSchedule
+        from simulator.controller.external import ExternalSaveSchedule
 
         self.checkpointer = AdaptiveCheckpointer(
             self.directory, model=pl_module, backend=_TrainerBackend(trainer), **self._options

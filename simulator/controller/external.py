@@ -1,0 +1,93 @@
+"""The checkpointer's schedule without its writer, for frameworks that save their own state.
+
+Lightning and Hugging Face Trainer write complete checkpoints in their own formats; what they
+lack is *when*. ``ExternalSaveSchedule`` gives the callbacks in ``lightning`` and ``hf`` the
+same schedule, run log and failure-rate posterior that ``AdaptiveCheckpointer.step`` uses.
+"""
+
+from __future__ import annotations
+
+
+class ExternalSaveSchedule:
+    """An AdaptiveCheckpointer's schedule, for frameworks that write their own checkpoints.
+
+    Lightning and Hugging Face Trainer save and resume their own (complete) state; what they
+    lack is *when*. This drives the checkpointer's schedule, run log and failure posterior
+    exactly as :meth:`AdaptiveCheckpointer.step` does, minus the writing: ``is_due`` is one int
+    compare until the due step; at the due step (rank 0's, broadcast at save time only) the
+    framework saves and reports the stall with ``record_save``. Its only
+    collective is the backend's broadcast at save time.
+    """
+
+    def __init__(self, checkpointer):
+        self.ckpt = checkpointer
+        self.schedule = checkpointer.schedule
+        self.backend = checkpointer.backend
+        self.clock = checkpointer.clock
+        self._session_start = self.clock()
+        self.next_due_step = 0
+        self._mark_step, self._mark_t = 0, self._session_start
+
+    def _age_s(self) -> float:
+        return self.clock() - self._session_start
+
+    def _measure(self, step: int) -> None:
+        now = self.clock()
+        if step > self._mark_step and now > self._mark_t:
+            self.schedule.iteration.update((now - self._mark_t) / (step - self._mark_step))
+
+    def _plan(self, step: int) -> int:
+        due = self.schedule.next_due(step, age_s=self._age_s())
+        self.next_due_step = int(self.backend.broadcast(due))
+        self._mark_step, self._mark_t = step, self.clock()
+        return self.next_due_step
+
+    def start(self, step: int) -> int:
+        """The framework (re)starts training after ``step`` steps; returns the first due step.
+
+        A resumed run starts from the estimates logged with the newest save at or before
+        ``step`` (the framework's checkpoint has no room for them; the run log does), so it
+        needs no new probe, just as AdaptiveCheckpointer.restore seeds from its checkpoint.
+        """
+        from simulator.controller.runlog import read_events
+        from simulator.controller.schedule import Estimates
+
+        if step > 0 and self.backend.rank == 0:
+            for event in reversed(read_events(self.ckpt.runlog.path)):
+                est = event.get("estimates")
+                if event["event"] == "save" and isinstance(est, dict) and event["step"] <= step:
+                    self.schedule.seed(Estimates(**est))
+                    break
+        self.ckpt.resumed_from = step if step > 0 else None
+        self.ckpt.runlog.append("restore", session_s=self._age_s(), step=int(step))
+        return self._plan(int(step))
+
+    def is_due(self, step: int) -> bool:
+        """True when the framework should save after ``step`` steps (collective only then)."""
+        if step < self.next_due_step:
+            return False
+        if self.schedule.needs_probe and not self.schedule.needs_first_save:
+            # The probe's end: the iteration time is known now, so the interval can be.
+            self._measure(step)
+            self._plan(step)
+            return False
+        self._measure(step)
+        return True
+
+    def record_save(self, step: int, *, stall_s: float, write_s: float | None = None) -> int:
+        """The framework saved after ``step`` steps, stalling ``stall_s``; returns the next due."""
+        self.schedule.stall.update(max(float(stall_s), 0.0))
+        if write_s is not None:
+            self.schedule.write.update(float(write_s))
+        self.ckpt.saves += 1
+        self.ckpt.last_saved_step = int(step)
+        session_s = self._age_s()
+        self.schedule.update_exposure(session_s)
+        self.ckpt.runlog.append(
+            "save",
+            session_s=session_s,
+            step=int(step),
+            ok=True,
+            estimates=vars(self.schedule.estimates()),
+        )
+        return self._plan(int(step))
