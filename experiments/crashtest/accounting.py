@@ -1,0 +1,190 @@
+"""Time accounting of one crash-test job from its logs: where every second of wall time went.
+
+The same buckets as the simulator (``simulator.des``), so the two can be compared line by line:
+
+    wall = startup + recovery + saving + useful + lost
+
+- startup: the first launch, from process start until the checkpointer has restored (the
+  simulated job starts at work, so this is added to its prediction rather than modelled);
+- recovery: from each kill until training again — the supervisor's restart delay, the new
+  process's interpreter and torch import, and the checkpoint load (a kill during a restart
+  makes that whole launch recovery);
+- saving: training stalls in saves, including a save a kill cut short;
+- lost: compute after the last save completed in a launch that was then killed (the job
+  resumes from that save, so the work is done again);
+- useful: the rest of the compute, which ends up in the final state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from experiments.crashtest.supervisor import SUPERVISOR_LOG
+from experiments.crashtest.train_gpt import EVENTS
+
+__all__ = ["RunAccount", "account_run", "read_jsonl"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Events of a JSONL log; a line torn by a kill is skipped."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunAccount:
+    """One job's measured time, seconds, and what it reveals about the machine."""
+
+    steps: int
+    """Useful steps of the job."""
+    wall_s: float
+    """First launch until the job logged ``done``."""
+    startup_s: float
+    """First launch until training (not part of the simulated job)."""
+    recovery_s: float
+    useful_s: float
+    lost_s: float
+    saving_s: float
+    lost_steps: int
+    """Steps done again after kills."""
+    failures: int
+    """Kills that struck the job before it was done."""
+    saves: int
+    """Saves that completed."""
+    save_durations_s: tuple[float, ...]
+    """Stall of every completed save."""
+    restart_durations_s: tuple[float, ...]
+    """Kill-to-training time of every restart that no kill interrupted."""
+    kill_times_s: tuple[float, ...]
+    """When each kill struck, seconds after the first launch started training."""
+    import_durations_s: tuple[float, ...] = ()
+    """Launch until the job logged ``start`` (interpreter, torch and controller imports), for
+    every launch that got that far."""
+    restore_durations_s: tuple[float, ...] = ()
+    """``start`` until ``ready`` (model built, checkpoint restored), for every such launch."""
+
+    @property
+    def step_s(self) -> float:
+        """Measured compute per useful step (model step, logging and the checkpointer's check)."""
+        return self.useful_s / self.steps
+
+    @property
+    def save_s(self) -> float:
+        return float(np.mean(self.save_durations_s)) if self.save_durations_s else math.nan
+
+    def balance_s(self) -> float:
+        """wall − (sum of the buckets): zero up to clock rounding when nothing went unaccounted."""
+        parts = self.startup_s + self.recovery_s + self.saving_s + self.useful_s + self.lost_s
+        return self.wall_s - parts
+
+
+def _attempts(events: list[dict], sup: list[dict]) -> list[dict]:
+    by = {}
+    for e in sup:
+        a = by.setdefault(e["attempt"], {"events": []})
+        a[e["event"]] = e["t"]
+    for e in events:
+        by.setdefault(e["attempt"], {"events": []})["events"].append(e)
+    return [by[k] for k in sorted(by)]
+
+
+def account_run(run_dir: Path, steps: int) -> RunAccount:
+    """The account of the job in ``run_dir`` (its ``events.jsonl`` and ``supervisor.jsonl``)."""
+    run_dir = Path(run_dir)
+    attempts = _attempts(read_jsonl(run_dir / EVENTS), read_jsonl(run_dir / SUPERVISOR_LOG))
+    t0 = attempts[0]["launch"]
+    ready0 = None
+    startup = recovery = saving = compute = lost = 0.0
+    lost_steps = failures = 0
+    save_durations, restarts, kills, imports, restores = [], [], [], [], []
+    done_t = None
+    prev_kill = None
+    for k, a in enumerate(attempts):
+        evs = a["events"]
+        ready = next((e for e in evs if e["event"] == "ready"), None)
+        done = next((e for e in evs if e["event"] == "done"), None)
+        end = done["t"] if done else a.get("kill")
+        if end is None:
+            raise ValueError(f"{run_dir}: attempt {k} neither finished nor was killed")
+        begin = a["launch"] if k == 0 else prev_kill
+        start = next((e for e in evs if e["event"] == "start"), None)
+        if start is not None and ready is not None and ready["t"] < end:
+            imports.append(start["t"] - a["launch"])
+            restores.append(ready["t"] - start["t"])
+        if ready is None or ready["t"] >= end:  # killed while restarting
+            recovery += end - begin
+            failures += 1
+            prev_kill = end
+            kills.append(end)
+            continue
+        if k == 0:
+            startup = ready["t"] - begin
+            ready0 = ready["t"]
+        else:
+            recovery += ready["t"] - begin
+            restarts.append(ready["t"] - begin)
+        # Saves in this launch; a save_start with no save_end was cut short at `end`.
+        stall = 0.0
+        committed_t, committed_step = ready["t"], ready["step"]
+        open_save = None
+        after_commit_stall = 0.0
+        last_step = ready["step"]
+        for e in evs:
+            if e["t"] > end:
+                break
+            if e["event"] == "step":
+                last_step = e["step"]
+            elif e["event"] == "save_start":
+                open_save = e
+            elif e["event"] in ("save_end", "save_skipped") and open_save is not None:
+                d = e["t"] - open_save["t"]
+                open_save = None
+                if e["event"] == "save_skipped":
+                    continue  # the check said due but no save happened: compute, not a stall
+                stall += d
+                save_durations.append(d)
+                committed_t, committed_step = e["t"], e["step"]
+                after_commit_stall = 0.0
+        if open_save is not None:  # cut short by the kill
+            stall += end - open_save["t"]
+            after_commit_stall = end - open_save["t"]
+        saving += stall
+        compute += (end - ready["t"]) - stall
+        if done is None:
+            failures += 1
+            kills.append(end)
+            prev_kill = end
+            lost += (end - committed_t) - after_commit_stall
+            lost_steps += last_step - committed_step
+        else:
+            done_t = done["t"]
+            break
+    if done_t is None:
+        raise ValueError(f"{run_dir}: the job never logged done")
+    return RunAccount(
+        steps=steps,
+        wall_s=done_t - t0,
+        startup_s=startup,
+        recovery_s=recovery,
+        useful_s=compute - lost,
+        lost_s=lost,
+        saving_s=saving,
+        lost_steps=lost_steps,
+        failures=failures,
+        saves=len(save_durations),
+        save_durations_s=tuple(save_durations),
+        restart_durations_s=tuple(restarts),
+        kill_times_s=tuple(t - ready0 for t in kills),
+        import_durations_s=tuple(imports),
+        restore_durations_s=tuple(restores),
+    )

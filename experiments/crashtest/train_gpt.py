@@ -1,0 +1,184 @@
+"""The training job of the crash test: a small GPT on the generated corpus, on one CPU thread.
+
+Run as ``python -m experiments.crashtest.train_gpt --run-dir D --steps N --policy SPEC``.
+It restores the newest checkpoint under ``D/ckpt`` (via ``AdaptiveCheckpointer``), trains to
+step N, saves at the end and writes the final weights and optimizer moments to
+``D/final.safetensors``. Training is a pure function of the restored state and the step number
+(batches are drawn from a generator seeded by the step, no dropout), so a run killed and
+resumed any number of times ends bit-identical to one that never stopped.
+
+Every event the supervisor needs for its time accounting is appended to ``D/events.jsonl``
+with ``time.monotonic()`` stamps (one clock for all processes on Linux): ``start`` (imports
+done), ``ready`` (checkpoint restored), ``step``, ``save_start`` / ``save_end`` and ``done``.
+Lines are written unbuffered, so a SIGKILL loses at most the event in progress.
+
+Policy SPEC (JSON): ``{"kind": "fixed", "interval_s": 4.0}``, ``{"kind": "steps",
+"every": 500}`` (save every N steps, as most trainers' defaults do), ``{"kind": "optimal"}``
+(``policies.ExactOptimal`` fed by the controller's live estimates) or ``{"kind": "adaptive"}``
+(``policy=None``, the controller's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+EVENTS = "events.jsonl"
+FINAL = "final.safetensors"
+
+
+class EventLog:
+    """Unbuffered JSONL appends: each event is one write(2) on an O_APPEND descriptor."""
+
+    def __init__(self, path: Path, attempt: int):
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.attempt = attempt
+
+    def __call__(self, event: str, **fields) -> None:
+        record = {"event": event, "attempt": self.attempt, "t": time.monotonic(), **fields}
+        os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--steps", type=int, required=True, help="useful steps the job needs")
+    p.add_argument("--policy", default='{"kind": "adaptive"}', help="policy spec (JSON)")
+    p.add_argument("--attempt", type=int, default=0, help="launch number (for the log)")
+    p.add_argument("--mtbf-s", type=float, default=60.0, help="prior MTBF for the controller")
+    p.add_argument("--restart-s", type=float, default=5.0, help="prior restart cost, seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--block", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    return p.parse_args(argv)
+
+
+def make_policy(spec: dict):
+    """(policy for the controller, save-every-N-steps or None) from a policy spec."""
+    from simulator import policies
+
+    kind = spec["kind"]
+    if kind == "fixed":
+        return policies.FixedInterval(float(spec["interval_s"])), None
+    if kind == "steps":
+        # The controller's own schedule is pushed out of reach; the loop saves every N steps.
+        return policies.FixedInterval(1e12), int(spec["every"])
+    if kind == "optimal":
+        return policies.ExactOptimal(), None
+    if kind == "adaptive":
+        return None, None
+    raise SystemExit(f"unknown policy kind {kind!r}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    log = EventLog(args.run_dir / EVENTS, args.attempt)
+
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from experiments.crashtest.corpus import VOCAB, encode, generate_corpus
+    from experiments.crashtest.model import GPTConfig, TinyGPT
+    from simulator.controller import AdaptiveCheckpointer
+
+    torch.set_num_threads(1)
+    log("start", pid=os.getpid())
+    data = encode(generate_corpus(seed=args.seed))
+    config = GPTConfig(
+        vocab_size=len(VOCAB), block_size=args.block, n_layer=args.n_layer, n_embd=args.n_embd
+    )
+    torch.manual_seed(args.seed)
+    model = TinyGPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
+    spec = json.loads(args.policy)
+    policy, every_steps = make_policy(spec)
+    ckpt = AdaptiveCheckpointer(
+        args.run_dir / "ckpt",
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        policy=policy,
+        mtbf_h=args.mtbf_s / 3600.0,
+        restart_s=args.restart_s,
+        keep_last=2,
+        total_steps=args.steps,
+        config={"steps": args.steps, "seed": args.seed, "model": vars(config)},
+    )
+    step = ckpt.restore()
+    log("ready", step=step)
+
+    def batch(i: int):
+        rng = np.random.default_rng([args.seed, i])
+        starts = rng.integers(0, len(data) - args.block - 1, size=args.batch)
+        rows = np.stack([data[s : s + args.block + 1] for s in starts]).astype(np.int64)
+        rows = torch.from_numpy(rows)
+        return rows[:, :-1], rows[:, 1:]
+
+    saved_at = step
+    loss = None
+    while step < args.steps:
+        x, y = batch(step)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        log("step", step=step)
+        if every_steps is not None:
+            if step % every_steps == 0:
+                log("save_start", step=step)
+                ckpt.save(step)
+                log("save_end", step=step)
+                saved_at = step
+            else:
+                ckpt.step(step)
+        else:
+            due = step >= ckpt.next_due_step
+            if due:
+                log("save_start", step=step)
+            if ckpt.step(step):
+                log("save_end", step=step)
+                saved_at = step
+            elif due:
+                log("save_skipped", step=step)
+    if saved_at != step:  # the job ends saved, as the simulator's does
+        log("save_start", step=step)
+        ckpt.save(step)
+        log("save_end", step=step)
+    ckpt.close()
+    final = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    for i, state in optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            if torch.is_tensor(value):
+                final[f"optim.{i}.{name}"] = value.clone()
+    save_file(final, str(args.run_dir / FINAL))
+    log(
+        "done",
+        step=step,
+        loss=None if loss is None else float(loss.detach()),
+        stats=_jsonable(ckpt.stats),
+    )
+    return 0
+
+
+def _jsonable(stats) -> dict:
+    out = {}
+    for k, v in dict(stats or {}).items():
+        if isinstance(v, bool | int | float | str) or v is None:
+            out[k] = v
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
