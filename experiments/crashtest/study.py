@@ -197,15 +197,21 @@ def run_study(cfg: StudyConfig, progress=print, *, reuse: bool = False) -> dict:
     return study
 
 
-def pooled_params(cfg: StudyConfig, results: list[RunResult]) -> MachineParams:
-    """The machine as the whole study measured it (every run's steps, saves and restarts)."""
+def pooled_params(
+    cfg: StudyConfig, results: list[RunResult], pilot: MachineParams
+) -> MachineParams:
+    """The machine as the whole study measured it (every run's steps, saves and restarts).
+
+    A short study on a quiet machine may see no kill (or no save) at all; the pilot's
+    measurement stands in for what the runs did not measure.
+    """
     accs = [r.account for r in results]
-    saves = np.concatenate([a.save_durations_s for a in accs])
-    restarts = np.concatenate([a.restart_durations_s for a in accs if a.restart_durations_s])
+    saves = [s for a in accs for s in a.save_durations_s]
+    restarts = [r for a in accs for r in a.restart_durations_s]
     return MachineParams(
         step_s=sum(a.useful_s for a in accs) / sum(a.steps for a in accs),
-        save_s=float(saves.mean()),
-        restart_s=float(restarts.mean()),
+        save_s=float(np.mean(saves)) if saves else pilot.save_s,
+        restart_s=float(np.mean(restarts)) if restarts else pilot.restart_s,
         startup_s=float(np.mean([a.startup_s for a in accs])),
         mtbf_s=cfg.mtbf_s,
         weibull_shape=cfg.weibull_shape,
@@ -226,7 +232,7 @@ def run_params(a: RunAccount, pooled: MachineParams) -> MachineParams:
 
 
 def analyse(cfg, p0, steps, specs, results: list[RunResult]) -> dict:
-    p = pooled_params(cfg, results)
+    p = pooled_params(cfg, results, p0)
     rows = []
     for res in results:
         a = res.account

@@ -14,8 +14,10 @@ Prints ``START <step>`` after restoring, ``SAVE <step>`` just before each save, 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
+import time
 
 import numpy as np
 import torch
@@ -96,7 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--interval-s", type=float, default=0.05)
     p.add_argument("--async-save", action="store_true")
+    p.add_argument(
+        "--fsync-delay-s",
+        type=float,
+        default=0.0,
+        help="stretch every fsync by this long, so a test's kill can land inside a write",
+    )
     args = p.parse_args(argv)
+    if args.fsync_delay_s > 0:
+        # A fast disk finishes a tiny save before a kill sent "just after SAVE" arrives; a
+        # slower fsync keeps the write's temp directory open long enough to be hit.
+        real_fsync = os.fsync
+
+        def slow_fsync(fd, _delay=args.fsync_delay_s):
+            time.sleep(_delay)
+            real_fsync(fd)
+
+        os.fsync = slow_fsync
     torch.set_num_threads(1)  # one thread: the same reduction order in every run
     model, optimizer, scheduler, scaler, data = build(args.seed, args.steps)
     ckpt = AdaptiveCheckpointer(
