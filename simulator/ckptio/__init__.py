@@ -29,6 +29,7 @@ from simulator.ckptio.layout import (
     is_temp_dir,
 )
 from simulator.ckptio.read import (
+    file_crc32,
     is_complete,
     read_checkpoint,
     remove_stale_temps,
@@ -46,6 +47,7 @@ __all__ = [
     "AsyncWriter",
     "CheckpointWriteError",
     "CorruptCheckpoint",
+    "file_crc32",
     "fsync_dir",
     "fsync_file",
     "is_complete",

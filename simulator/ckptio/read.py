@@ -46,7 +46,7 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
     path = Path(path)
     manifest = _checked_manifest(path)
     for name, entry in manifest["files"].items():
-        _check_crc(path / name, _file_crc(path / name), entry["crc32"])
+        _check_crc(path / name, file_crc32(path / name), entry["crc32"])
 
 
 def read_checkpoint(
@@ -74,7 +74,7 @@ def read_checkpoint(
         _check_crc(path / META_FILE, zlib.crc32(meta_bytes), files[META_FILE]["crc32"])
         for name, entry in files.items():
             if name not in (TENSOR_FILE, META_FILE):
-                _check_crc(path / name, _file_crc(path / name), entry["crc32"])
+                _check_crc(path / name, file_crc32(path / name), entry["crc32"])
     return tensors, meta
 
 
@@ -115,7 +115,8 @@ def _crc_after(prev: Future | None, t: torch.Tensor, start: int | None) -> int:
     return crc
 
 
-def _file_crc(file: Path) -> int:
+def file_crc32(file: str | os.PathLike) -> int:
+    """CRC-32 of a file's bytes, read in large chunks (for files ckptio did not write)."""
     crc = 0
     with open(file, "rb", buffering=0) as f:
         while chunk := f.read(_CRC_CHUNK):

@@ -26,7 +26,6 @@ The checkpointer owns atomicity around this (temp dir, per-rank markers, manifes
 from __future__ import annotations
 
 import json
-import os
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,20 +33,13 @@ from typing import Any
 
 import torch
 
+from simulator import ckptio
 from simulator.errors import InputError
 
 __all__ = ["PER_RANK_KEY", "DistributedBackend"]
 
 PER_RANK_KEY = "__per_rank__"
 """Top-level key under which each rank's own values are stored, as ``{"rank<r>": {...}}``."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- no pickles: leaves as JSON, metadata through an allow-list ---------------------------------
@@ -304,7 +296,7 @@ class DistributedBackend:
         )
         dcp.save(_encode(self._split(state)), storage_writer=writer, process_group=self.group)
         if self.rank == 0:
-            _fsync_dir(tmp_dir)
+            ckptio.fsync_dir(Path(tmp_dir))
 
     def read(self, ckpt_dir: Path, template: dict) -> dict:
         """The state saved in ``ckpt_dir``, loaded into ``template`` where it has the entries.

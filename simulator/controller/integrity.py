@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pickletools
-import zlib
 from pathlib import Path
 
 from simulator import ckptio
@@ -28,7 +27,6 @@ __all__ = [
     "CorruptCheckpoint",
     "IncompatibleCheckpoint",
     "UnsafeCheckpoint",
-    "fsync_file",
     "pickle_globals",
     "refuse_pickles",
     "write_manifest",
@@ -41,22 +39,6 @@ class UnsafeCheckpoint(Exception):
 
 class IncompatibleCheckpoint(InputError):
     """The checkpoint was written by a run with a different configuration or model."""
-
-
-def fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(64 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def write_manifest(root: Path) -> dict:
@@ -73,9 +55,9 @@ def write_manifest(root: Path) -> dict:
             rel = path.relative_to(root).as_posix()
             if rel == ckptio.MANIFEST or name.startswith(".rank-"):
                 continue
-            fsync_file(path)
-            files[rel] = {"bytes": path.stat().st_size, "crc32": _crc32(path)}
-        fsync_file(dirpath)
+            ckptio.fsync_file(path)
+            files[rel] = {"bytes": path.stat().st_size, "crc32": ckptio.file_crc32(path)}
+        ckptio.fsync_dir(Path(dirpath))
     manifest = {
         "format": ckptio.FORMAT,
         "version": ckptio.VERSION,
@@ -87,7 +69,7 @@ def write_manifest(root: Path) -> dict:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    fsync_file(root)
+    ckptio.fsync_dir(root)
     return manifest
 
 

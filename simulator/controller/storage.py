@@ -77,14 +77,6 @@ class Storage(Protocol):
         ...
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class LocalStorage:
     """A checkpoint root on a local or shared POSIX file system."""
 
@@ -117,7 +109,7 @@ class LocalStorage:
         os.rename(self.path(src), d)
 
     def sync(self, name: str = "") -> None:
-        _fsync_path(self.path(name))
+        ckptio.fsync_file(self.path(name))  # O_RDONLY: works on directories too
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self.root)!r})"
