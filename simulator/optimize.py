@@ -35,6 +35,7 @@ from scipy import optimize, stats
 from simulator import analytic, fastmc
 from simulator.errors import InputError
 from simulator.policies import Adaptive, Daly, ExactOptimal, FixedInterval, Policy, Young
+from simulator.results import mean_ci
 from simulator.scenario import Scenario
 
 __all__ = [
@@ -140,10 +141,9 @@ def paired_excess(y: np.ndarray, ref: np.ndarray, level: float = 0.95) -> dict[s
     """Mean of y − ref over paired replicas, with a t confidence interval."""
     d = np.asarray(y, dtype=float) - np.asarray(ref, dtype=float)
     n = d.size
-    mean = float(d.mean())
+    mean, lo, hi = mean_ci(d, level)
     se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * se) if n > 1 else math.nan
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "se": se}
+    return {"mean": mean, "lo": lo, "hi": hi, "se": se}
 
 
 # -- the search ---------------------------------------------------------------------------

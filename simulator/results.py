@@ -20,7 +20,7 @@ from scipy import stats
 
 from simulator.errors import InputError
 
-__all__ = ["METRICS", "SimulationResult", "describe"]
+__all__ = ["METRICS", "SimulationResult", "describe", "mean_ci"]
 
 METRICS = (
     "wall_h",
@@ -38,18 +38,30 @@ METRICS = (
 """Columns that ``summary()`` describes (``usd`` only when a price was given)."""
 
 
+def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and Student's t confidence interval of the mean: (mean, low, high).
+
+    One value has no interval (NaN bounds); when every value agrees the interval collapses
+    onto the mean. The one place the project computes this: summaries, sweeps and paired
+    policy differences all call it.
+    """
+    x = np.asarray(values, dtype=float).ravel()
+    n = x.size
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(x.mean())
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    return mean, mean - half, mean + half
+
+
 def describe(values) -> dict[str, Any]:
     """Mean, std, 95% t-interval of the mean, and p50/p90/p99 of one column."""
     x = np.asarray(values, dtype=float)
     n = x.size
-    mean = float(x.mean()) if n else math.nan
+    mean, lo, hi = mean_ci(x, 0.95)
     std = float(x.std(ddof=1)) if n > 1 else math.nan
-    if n > 1 and std > 0:
-        lo, hi = stats.t.interval(0.95, n - 1, loc=mean, scale=std / math.sqrt(n))
-    elif n > 1:
-        lo = hi = mean  # every replica agreed: the interval collapses onto the mean
-    else:
-        lo = hi = math.nan
     p50, p90, p99 = np.percentile(x, [50, 90, 99]) if n else [math.nan] * 3
     return {
         "mean": mean,

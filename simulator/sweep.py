@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from simulator import fastmc
 from simulator.errors import InputError
 from simulator.optimize import _first_interval, evaluate
 from simulator.policies import FixedInterval, Policy, make_policy
+from simulator.results import mean_ci
 from simulator.scenario import Scenario
 
 __all__ = [
@@ -81,15 +81,6 @@ def grid_points(axes: Mapping[str, Sequence], seed: int = 0) -> list[SweepPoint]
     ]
 
 
-def _ci(x: np.ndarray, level: float) -> tuple[float, float, float]:
-    n = x.size
-    m = float(np.mean(x))
-    if n < 2:
-        return m, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * np.std(x, ddof=1) / math.sqrt(n))
-    return m, m - half, m + half
-
-
 def run_point(
     base: Scenario,
     point: SweepPoint,
@@ -106,8 +97,8 @@ def run_point(
     for i, (spec, pol) in enumerate(zip(policies, pols, strict=True)):
         wall = out["wall_s"][i]
         waste = 1.0 - out["useful_s"][i] / wall
-        w_m, w_lo, w_hi = _ci(waste, level)
-        c_m, c_lo, c_hi = _ci(out["cost_usd"][i], level)
+        w_m, w_lo, w_hi = mean_ci(waste, level)
+        c_m, c_lo, c_hi = mean_ci(out["cost_usd"][i], level)
         row = dict(point=point.index, **point.overrides)
         row.update(
             policy=spec,
