@@ -31,9 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         start = time.perf_counter()
         print(f"== {name}", flush=True)
-        module = importlib.import_module(f"experiments.{name}")
-        # titan_fit parses its own flags; give it none rather than run_all's argv.
-        module.main([]) if name == "titan_fit" else module.main()
+        importlib.import_module(f"experiments.{name}").main()
         print(f"== {name} done in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 

@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--source", type=Path, default=titan.SOURCE_CSV, help="gc_full.csv to rebuild from"
     )
-    args = parser.parse_args(argv)
+    # None means no flags (as when make reports calls it), not this process's argv.
+    args = parser.parse_args(argv or [])
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(build_report(args.source), encoding="utf-8")
     print(
@@ -306,4 +307,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
