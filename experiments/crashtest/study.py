@@ -102,15 +102,17 @@ def _pilot_spec(cfg: StudyConfig) -> JobSpec:
 
 
 def pilot(cfg: StudyConfig, progress=print, *, run: bool = True) -> MachineParams:
-    """Measure the machine: a short job saving every second, killed twice (``run=False``:
-    read the pilot already in the work directory)."""
+    """Measure the machine: a short job saving every second, killed twice at fixed steps
+    (``run=False``: read the pilot already in the work directory)."""
     spec = _pilot_spec(cfg)
     if run:
         shutil.rmtree(spec.run_dir, ignore_errors=True)
         progress("pilot: measuring step time, save stall and restart cost")
+        # Kill at fixed steps, not on a clock: on a quiet machine a 4 s clock could strike a
+        # relaunch before it trains (or the job could finish first), leaving no restart to time.
         run_job(
-            spec, KillSchedule(lifetimes_s=(4.0, 4.0)), restart_delay_s=cfg.restart_delay_s,
-            clock_from_ready=True,
+            spec, KillSchedule(lifetimes_s=()), restart_delay_s=cfg.restart_delay_s,
+            kill_at_steps=(PILOT_STEPS * 2 // 5, PILOT_STEPS * 3 // 4),
         )  # fmt: skip
     acc = account_run(spec.run_dir, spec.steps)
     return MachineParams(
