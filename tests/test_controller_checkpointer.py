@@ -269,3 +269,40 @@ def test_stale_temp_directories_from_a_crash_are_cleaned_at_restore(two_saves):
         warnings.simplefilter("error")
         assert resume(directory)[0] == 2
     assert not stale.exists()
+
+
+_SCRIPT_WITHOUT_CLOSE = """
+import sys, torch
+from simulator.controller import AdaptiveCheckpointer
+from simulator.policies import FixedInterval
+model = torch.nn.Linear(4, 4)
+ck = AdaptiveCheckpointer(sys.argv[1], model=model, policy=FixedInterval(1e9), async_save=True)
+ck.save(1)  # asynchronous: still in flight when the script ends
+if sys.argv[2] == "raise":
+    raise RuntimeError("the training loop crashed")
+"""
+
+
+@pytest.mark.parametrize("ending", ["exit", "raise"])
+def test_a_script_that_never_calls_close_is_a_clean_stop_only_if_it_exits_normally(
+    tmp_path, ending
+):
+    import subprocess
+    import sys
+
+    from simulator.controller.runlog import RUNLOG, failure_evidence, read_events
+
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT_WITHOUT_CLOSE)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ck"), ending],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (run.returncode == 0) == (ending == "exit"), run.stderr
+    events = [e["event"] for e in read_events(tmp_path / "ck" / RUNLOG)]
+    # The save in flight at the end is finished either way: no work is lost.
+    assert checkpoint_name(1) in os.listdir(tmp_path / "ck")
+    assert events[-1] == ("stop" if ending == "exit" else "save")
+    # The next session (here: one not in the log yet) counts a failure only after the crash.
+    evidence = failure_evidence(read_events(tmp_path / "ck" / RUNLOG), exclude_session="next")
+    assert evidence.failures == (0 if ending == "exit" else 1)

@@ -16,9 +16,12 @@ checkpoint carrying a pickle, and refuses one written with a different configura
 
 from __future__ import annotations
 
+import atexit
 import math
+import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -184,6 +187,8 @@ class AdaptiveCheckpointer:
         self._mark_step = 0
         self._mark_t = clock()
         self._planned_due = self._next_due = self.schedule.next_due(0, age_s=0.0)
+        self._exit_hook = _exit_hook(weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     # -- the hot path -----------------------------------------------------------------------
     @property
@@ -384,6 +389,7 @@ class AdaptiveCheckpointer:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._exit_hook)
         try:
             self._finish_inflight()
         finally:
@@ -396,3 +402,25 @@ class AdaptiveCheckpointer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _exit_hook(ref: weakref.ref) -> Callable[[], None]:
+    """Close a checkpointer its script left open when the interpreter exits normally.
+
+    Without it a run whose script ends without ``close()`` would be logged as a failure and
+    inflate the failure rate of every later run in the directory. An interpreter dying of an
+    unhandled exception (``sys.last_value`` set) is left unclosed: that session did fail. A
+    SIGKILL runs no hook at all, as it should. By the time atexit hooks run, Python has already
+    finished the write threads' queued saves, so none is lost.
+    """
+
+    def hook() -> None:
+        ckpt = ref()
+        if ckpt is None or ckpt._closed or getattr(sys, "last_value", None) is not None:
+            return
+        try:
+            ckpt.close()
+        except Exception as exc:  # at exit: report it and let the interpreter go
+            print(f"ckptsim: closing the checkpointer at exit failed: {exc}", file=sys.stderr)
+
+    return hook
