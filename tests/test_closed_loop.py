@@ -120,6 +120,36 @@ def _final_tensors(run_dir: Path) -> dict:
     return load_file(str(run_dir / FINAL))
 
 
+def test_speed_adjustment_replaces_only_the_useful_compute_and_pairs_the_repeats():
+    from experiments.crashtest.report import summarise
+
+    specs = {
+        "fast": {"kind": "fixed", "interval_s": 1.0},
+        "default": {"kind": "steps", "every": 500},
+        "adaptive": {"kind": "adaptive"},
+    }
+    rows = []
+    # Repeat 1 ran on a machine 10 % slower (useful 110 s instead of 100 s for the same steps);
+    # the overheads (wall - useful) are what the policies cost: fast 10, default 20, adaptive 11.
+    for repeat, useful in ((0, 100.0), (1, 110.0)):
+        for label, overhead in (("fast", 10.0), ("default", 20.0), ("adaptive", 11.0)):
+            rows.append(
+                dict(label=label, repeat=repeat, wall_s=useful + overhead, useful_s=useful,
+                     replay_s=useful + overhead)
+            )  # fmt: skip
+    pooled = MachineParams(
+        step_s=0.105, save_s=0.1, restart_s=1.0, startup_s=1.0, mtbf_s=60.0
+    )  # 1000 steps at the pooled step time: 105 s of useful compute
+    expected = {k: dict(mean_s=120.0, sd_s=1.0, daly_s=math.nan) for k in specs}
+    study = dict(rows=rows, specs=specs, steps=1000, pooled=pooled, expected=expected)
+    s = summarise(study)
+    assert s["adj"]["table"]["fast"].tolist() == pytest.approx([115.0, 115.0])
+    assert s["adj"]["best"] == "fast" and s["raw"]["best"] == "fast"
+    assert s["adj"]["vs_best"].tolist() == pytest.approx([1 / 115, 1 / 115])
+    assert s["raw"]["vs_best"].tolist() == pytest.approx([1 / 110, 1 / 120])
+    assert (s["adj"]["vs_default"] < 0).all()
+
+
 def test_job_killed_twice_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
     import torch
 
@@ -180,5 +210,6 @@ def test_quick_study_writes_a_report_from_its_own_runs(tmp_path):
     cmd += ["--workdir", str(tmp_path / "work"), "--out", str(out), "--work-s", "15"]
     subprocess.run(cmd, cwd=REPO, check=True, timeout=900)
     text = out.read_text()
-    assert "| adaptive (policy=None) |" in text and "Replay (same kills, each run's own" in text
+    assert "| adaptive (policy=None) |" in text and "Replay with each run's own measured" in text
+    assert "| speed-adjusted |" in text
     assert (tmp_path / "figures" / "closed-loop-prediction.png").stat().st_size > 1000

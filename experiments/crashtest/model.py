@@ -2,9 +2,11 @@
 
 Decoder-only: token and position embeddings, a stack of pre-norm ``nn.TransformerEncoderLayer``
 blocks run with a causal mask (which makes them GPT blocks), a final LayerNorm and a linear
-head tied to the token embedding. Sizes default to about 0.8 M parameters so one training step
-takes tens of milliseconds on one CPU thread — small enough that a study of many failures fits
-in minutes, large enough that a checkpoint (weights + AdamW moments) is megabytes.
+head tied to the token embedding. ``train_gpt`` builds 4 blocks of width 192 by default (1.8 M
+parameters): one training step takes tens of milliseconds on one CPU thread — small enough
+that a study of many failures fits in minutes — and a checkpoint (weights + AdamW moments,
+about 21 MB) stalls training for tens of milliseconds, which against a one-minute failure
+clock puts the save-cost to MTBF ratio near a real cluster's (δ/M ≈ 1e-3).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -24,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.crashtest.accounting import RunAccount, account_run
+from experiments.crashtest.accounting import RunAccount, account_run, read_jsonl
 from experiments.crashtest.injector import KillSchedule, make_lifetime
 from experiments.crashtest.predict import MachineParams, expected_wall_s, replay_wall_s
-from experiments.crashtest.supervisor import JobSpec, run_job
+from experiments.crashtest.supervisor import SUPERVISOR_LOG, JobSpec, run_job
 from simulator import analytic
 
 __all__ = ["RunResult", "StudyConfig", "full_trace", "pilot", "run_study"]
@@ -46,11 +47,11 @@ class StudyConfig:
     """Mean of the failure clock, seconds."""
     weibull_shape: float | None = None
     """Weibull clock of this shape (None: exponential)."""
-    work_s: float = 75.0
+    work_s: float = 100.0
     """Failure-free compute of one job, seconds (turned into steps by the pilot)."""
-    repeats: int = 3
+    repeats: int = 4
     """Kill schedules; every policy runs once against each."""
-    multipliers: tuple[float, ...] = (0.25, 0.5, 2.0, 4.0)
+    multipliers: tuple[float, ...] = (0.5, 4.0)
     """Fixed intervals, as multiples of the closed-form optimum τ*."""
     restart_delay_s: float = 1.0
     """Supervisor's wait between a kill and the relaunch, seconds."""
@@ -195,8 +196,19 @@ def run_study(cfg: StudyConfig, progress=print, *, reuse: bool = False) -> dict:
         results = list(pool.map(one, jobs))
     load.append(os.getloadavg()[0])
     study = analyse(cfg, p0, steps, specs, results)
-    study["load"] = dict(start=load[0], end=load[1], cpus=os.cpu_count())
+    # The machine's load while the runs ran, kept beside them for a later --reuse.
+    meta = cfg.workdir / "load.json"
+    if not reuse:
+        meta.write_text(json.dumps(dict(start=load[0], end=load[1], cpus=os.cpu_count())))
+    study["load"] = json.loads(meta.read_text()) if meta.exists() else None
+    study["runs_span_s"] = runs_span_s([_pilot_spec(cfg).run_dir] + [j[2].run_dir for j in jobs])
     return study
+
+
+def runs_span_s(run_dirs) -> float:
+    """Seconds from the first launch to the last exit over these runs (supervisor logs)."""
+    times = [e["t"] for d in run_dirs for e in read_jsonl(Path(d) / SUPERVISOR_LOG)]
+    return max(times) - min(times) if times else math.nan
 
 
 def pooled_params(
