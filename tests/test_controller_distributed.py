@@ -1,8 +1,10 @@
 """The controller under torch.distributed: two gloo ranks on CPU, DCP checkpoints, exact resume.
 
 Each scenario runs in two real processes (``torch.multiprocessing.spawn``) that train a small
-DDP model with dropout (so each rank's RNG stream matters) on data that differs per rank, and
-write what they saw to files the test then checks.
+model with dropout (so each rank's RNG stream matters) on data that differs per rank — wrapped
+in DDP (every rank holds all of it) or sharded with FSDP2's ``fully_shard`` (each rank holds
+half of every parameter and of its AdamW moments, as DTensors) — and write what they saw,
+gathered to full tensors, to files the test then checks.
 """
 
 from __future__ import annotations
@@ -82,8 +84,38 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
 
 
+def _wrap(model: torch.nn.Module, wrap: str) -> torch.nn.Module:
+    """DDP, or FSDP2: each Linear its own shard group, then the whole model."""
+    if wrap == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def _full_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Model and optimizer state with FQN keys and whole tensors (a collective: every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    clone = lambda v: v.detach().clone() if torch.is_tensor(v) else v  # noqa: E731
+    return (
+        {k: clone(v) for k, v in msd.items()},
+        {k: {n: clone(v) for n, v in st.items()} for k, st in osd["state"].items()},
+    )
+
+
 def _train_worker(
-    rank: int, port: int, root: str, out: str, stop_at: int | None, roundtrip: str | None
+    rank: int,
+    port: int,
+    root: str,
+    out: str,
+    stop_at: int | None,
+    roundtrip: str | None,
+    wrap: str = "ddp",
 ) -> None:
     """Train to STEPS (or SIGKILL itself after ``stop_at``), resuming from ``root`` if it can.
 
@@ -96,7 +128,7 @@ def _train_worker(
     _init(rank, port)
     if roundtrip is not None:
         _dcp_roundtrip(rank, roundtrip)
-    ddp = torch.nn.parallel.DistributedDataParallel(_model())
+    ddp = _wrap(_model(), wrap)
     opt = torch.optim.AdamW(ddp.parameters(), lr=0.05)
     torch.manual_seed(100 + rank)  # dropout differs per rank
     now = [0.0]
@@ -128,14 +160,17 @@ def _train_worker(
         if step == stop_at:
             os.kill(os.getpid(), signal.SIGKILL)  # no close, no flush: a crash
     ckpt.close()
+    rng = torch.get_rng_state()  # before the gathers below, which draw nothing but may
+    model_state, optim_state = _full_state(ddp, opt)
     torch.save(
         {
             "start": start,
             "saves": saves,
             "collective_steps": collective_steps,
-            "model": {k: v.clone() for k, v in ddp.module.state_dict().items()},
-            "optimizer": opt.state_dict(),
-            "rng": torch.get_rng_state(),
+            "model": model_state,
+            "optimizer": optim_state,
+            "rng": rng,
+            "sharded": [type(p).__name__ for p in ddp.parameters()],
         },
         Path(out) / f"rank{rank}.pt",
     )
@@ -143,7 +178,11 @@ def _train_worker(
 
 
 def _run(
-    root: Path, out: Path, stop_at: int | None = None, roundtrip: Path | None = None
+    root: Path,
+    out: Path,
+    stop_at: int | None = None,
+    roundtrip: Path | None = None,
+    wrap: str = "ddp",
 ) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     args = (
@@ -152,6 +191,7 @@ def _run(
         str(out),
         stop_at,
         None if roundtrip is None else str(roundtrip),
+        wrap,
     )
     try:
         # fork: the children inherit the imported torch, which saves seconds per process.
@@ -259,24 +299,38 @@ def test_dcp_state_round_trips_bit_exactly_with_each_ranks_own_rng(uninterrupted
     assert not torch.equal(results[0]["rng"], results[1]["rng"])
 
 
-def test_a_killed_and_resumed_two_rank_run_ends_bit_identical(uninterrupted, tmp_path):
-    _, reference = uninterrupted
+def _kill_resume_and_compare(reference: list[dict], tmp_path: Path, wrap: str) -> None:
     # A seeded moment between two saves, so the resumed run redoes the steps after the last one.
     between = [s for s in range(PROBE_STEPS + 6, STEPS) if s not in reference[0]["saves"]]
     stop_at = int(np.random.default_rng(2026).choice(between))
     root = tmp_path / "ckpt"
-    assert _run(root, tmp_path / "killed", stop_at=stop_at) == []
-    resumed = _run(root, tmp_path / "resumed")
+    assert _run(root, tmp_path / "killed", stop_at=stop_at, wrap=wrap) == []
+    resumed = _run(root, tmp_path / "resumed", wrap=wrap)
     for r in range(WORLD):
         assert 0 < resumed[r]["start"] < stop_at
         ref, got = reference[r], resumed[r]
         assert ref["model"].keys() == got["model"].keys()
         for k in ref["model"]:
             assert torch.equal(ref["model"][k], got["model"][k]), k
-        for i, s in ref["optimizer"]["state"].items():
+        assert ref["optimizer"].keys() == got["optimizer"].keys()
+        for k, s in ref["optimizer"].items():
             for name, v in s.items():
-                assert torch.equal(v, got["optimizer"]["state"][i][name]), (i, name)
+                assert torch.equal(v, got["optimizer"][k][name]), (k, name)
         assert torch.equal(ref["rng"], got["rng"])
+
+
+def test_a_killed_and_resumed_two_rank_run_ends_bit_identical(uninterrupted, tmp_path):
+    _kill_resume_and_compare(uninterrupted[1], tmp_path, "ddp")
+
+
+def test_a_killed_and_resumed_fsdp2_sharded_run_ends_bit_identical(tmp_path):
+    reference = _run(tmp_path / "ref-ckpt", tmp_path / "ref", wrap="fsdp2")
+    # Really sharded: every parameter a DTensor, each rank's checkpoint file its own half.
+    assert all(set(r["sharded"]) == {"DTensor"} for r in reference)
+    newest = max((tmp_path / "ref-ckpt").glob("step-*"))
+    sizes = [(newest / f"__{r}_0.distcp").stat().st_size for r in range(WORLD)]
+    assert min(sizes) > 0
+    _kill_resume_and_compare(reference, tmp_path / "killed-run", "fsdp2")
 
 
 @pytest.fixture

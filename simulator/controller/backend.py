@@ -52,6 +52,16 @@ class Backend(Protocol):
         """
         ...
 
+    def model_state_dict(self, model: Any, optimizer: Any = None) -> tuple[dict, dict]:
+        """(model, optimizer) state as this backend saves it (optimizer: ``{}`` when None)."""
+        ...
+
+    def load_model_state_dict(
+        self, model: Any, optimizer: Any, model_sd: dict, optim_sd: dict
+    ) -> None:
+        """Load what :meth:`model_state_dict` returned, after a :meth:`read`."""
+        ...
+
     def writes_manifest(self) -> bool:
         """True: the checkpointer wraps ``write`` in temp dir + manifest (rank 0) + rename."""
         ...
@@ -71,6 +81,16 @@ class LocalBackend:
 
     def writes_manifest(self) -> bool:
         return False
+
+    def model_state_dict(self, model: Any, optimizer: Any = None) -> tuple[dict, dict]:
+        return model.state_dict(), optimizer.state_dict() if optimizer is not None else {}
+
+    def load_model_state_dict(
+        self, model: Any, optimizer: Any, model_sd: dict, optim_sd: dict
+    ) -> None:
+        model.load_state_dict(model_sd)
+        if optimizer is not None:
+            optimizer.load_state_dict(optim_sd)
 
     def write(self, tmp_dir: Path, state: dict) -> None:
         tensors, tree = flatten(state)
