@@ -231,7 +231,9 @@ class AdaptiveCheckpointer:
         self._measure_iterations(step)
         error: BaseException | None = None
         try:
-            state = self._capture(step)
+            state = capture_state(
+                step=step, config=self.config, backend=self.backend, **self._objects
+            )
             state["controller"] = vars(self.schedule.estimates())
             if self.async_save:
                 staged = stage(state)
@@ -329,7 +331,9 @@ class AdaptiveCheckpointer:
         step = 0
         while candidates:
             name = candidates.pop(0)
-            template = self._capture(0)
+            template = capture_state(
+                step=0, config=self.config, backend=self.backend, **self._objects
+            )
             try:
                 state = self.backend.read(self.root / name, template)
             except CorruptCheckpoint as exc:
@@ -341,7 +345,7 @@ class AdaptiveCheckpointer:
                 continue
             check_config(self.root / name, state.get("config"), self.config)
             try:
-                step = self._restore(state)
+                step = restore_state(state, backend=self.backend, **self._objects)
             except (KeyError, RuntimeError, ValueError) as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 raise IncompatibleCheckpoint(
@@ -356,41 +360,6 @@ class AdaptiveCheckpointer:
         due = self.schedule.next_due(step, age_s=now - self._session_start)
         self._planned_due = self._next_due = int(self.backend.broadcast(due))
         return step
-
-    def _capture(self, step: int) -> dict:
-        """The complete state; model and optimizer as the backend keeps them.
-
-        Under :class:`~simulator.controller.distributed.DistributedBackend` that is DCP's
-        ``get_state_dict`` (FQN keys; an FSDP2 model's DTensor shards), which also gives a
-        fresh optimizer its state before a restore, so the template has every shard to load
-        into in place. (Saving before the first optimizer step would initialise the state
-        the same way: a zero-lr step.)
-        """
-        model, optimizer = self._objects["model"], self._objects["optimizer"]
-        rest = {k: v for k, v in self._objects.items() if k not in ("model", "optimizer")}
-        state = capture_state(step=step, config=self.config, **rest)
-        if model is not None:
-            model_sd, optim_sd = self.backend.model_state_dict(model, optimizer)
-            state["model"] = model_sd
-            if optimizer is not None:
-                state["optimizer"] = optim_sd
-        elif optimizer is not None:
-            state["optimizer"] = optimizer.state_dict()
-        return state
-
-    def _restore(self, state: dict) -> int:
-        """Load ``state`` into the run's objects (the inverse of :meth:`_capture`)."""
-        model, optimizer = self._objects["model"], self._objects["optimizer"]
-        rest = {k: v for k, v in self._objects.items() if k not in ("model", "optimizer")}
-        if model is None:
-            return restore_state(state, optimizer=optimizer, **rest)
-        for name, obj in (("model", model), ("optimizer", optimizer)):
-            if obj is not None and name not in state:
-                raise KeyError(f"checkpoint has no {name} state but this run has a {name}")
-        self.backend.load_model_state_dict(
-            model, optimizer, state["model"], state.get("optimizer", {})
-        )
-        return restore_state(state, **rest)
 
     def _choose(self) -> str | None:
         return choose_checkpoint(self.root, self.storage, self.config)

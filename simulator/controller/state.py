@@ -75,9 +75,22 @@ def capture_state(
     dataloader=None,
     extra: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
+    backend=None,
 ) -> dict[str, Any]:
-    """One nested dict with everything a bit-exact resume needs. Tensors are live references."""
+    """One nested dict with everything a bit-exact resume needs. Tensors are live references.
+
+    ``backend`` (a controller ``Backend``): the model and optimizer state come from its
+    ``model_state_dict`` — under ``DistributedBackend`` DCP's ``get_state_dict`` (FQN keys, an
+    FSDP2 model's DTensor shards), which also gives a fresh optimizer its state, so a restore
+    template has every shard to load into in place. (Captured before the first optimizer
+    step, that initialisation is a zero-lr step.)
+    """
     state: dict[str, Any] = {"step": int(step), "rng": rng_state()}
+    if backend is not None and model is not None:
+        state["model"], optim_sd = backend.model_state_dict(model, optimizer)
+        if optimizer is not None:
+            state["optimizer"] = optim_sd
+        model = optimizer = None  # taken
     for name, obj in (
         ("model", model),
         ("optimizer", optimizer),
@@ -103,19 +116,29 @@ def restore_state(
     scaler=None,
     dataloader=None,
     extra: Mapping[str, Any] | None = None,
+    backend=None,
 ) -> int:
-    """Load ``state`` into the given objects; returns the step it was taken at."""
-    for name, obj in (
+    """Load ``state`` into the given objects; returns the step it was taken at.
+
+    ``backend``: model and optimizer load through its ``load_model_state_dict`` (the inverse
+    of :func:`capture_state` with the same backend).
+    """
+    objects = (
         ("model", model),
         ("optimizer", optimizer),
         ("scheduler", scheduler),
         ("scaler", scaler),
         ("dataloader", dataloader),
-    ):
-        if obj is None:
-            continue
-        if name not in state:
+    )
+    for name, obj in objects:
+        if obj is not None and name not in state:
             raise KeyError(f"checkpoint has no {name} state but this run has a {name}")
+    by_backend = backend is not None and model is not None
+    if by_backend:
+        backend.load_model_state_dict(model, optimizer, state["model"], state.get("optimizer", {}))
+    for name, obj in objects:
+        if obj is None or (by_backend and name in ("model", "optimizer")):
+            continue
         # A disabled GradScaler saves {}, and refuses to load it.
         if name == "scaler" and not state[name]:
             continue
