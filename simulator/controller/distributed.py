@@ -14,8 +14,10 @@ is on storage. :class:`DistributedBackend` fills the controller's ``Backend`` se
   that deduplication, so they are stored under a per-rank namespace and each rank reads back its
   own;
 * loading never executes code: DCP would pickle non-tensor values and unpickle them with
-  ``weights_only=False``, so they are stored as JSON strings instead, and ``.metadata`` (a
-  pickle by design) is read through an allow-list of DCP's own metadata classes;
+  ``weights_only=False``, so they are stored as JSON strings instead (read back with
+  ``weights_only=True``), and ``.metadata`` (a pickle by design) is read by
+  :mod:`simulator.controller.safe_metadata`: exact DCP metadata classes only, every opcode
+  checked, and the result's shape too;
 * a raw ``optimizer.state_dict()`` keyed by int comes back with its int keys (DCP turns keys
   into strings); ``model_state_dict``/``load_model_state_dict`` offer torch's
   ``get_state_dict``/``set_state_dict`` (FQN keys, DDP/FSDP wrappers) for sharded models.
@@ -26,7 +28,6 @@ The checkpointer owns atomicity around this (temp dir, per-rank markers, manifes
 from __future__ import annotations
 
 import json
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from simulator import ckptio
+from simulator.controller.safe_metadata import load_metadata
 from simulator.errors import InputError
 
 __all__ = ["PER_RANK_KEY", "DistributedBackend"]
@@ -48,7 +50,7 @@ PER_RANK_KEY = "__per_rank__"
 # whatever a tampered checkpoint holds. The controller's rule is that loading never executes
 # code, so leaves are stored as JSON strings (the controller's own tagged encoding, which
 # keeps tuples, bytes and NumPy arrays), read back with weights_only=True, and .metadata is
-# unpickled with an allow-list of DCP's own metadata classes.
+# read by simulator.controller.safe_metadata.
 _JSON_MARK = "\x00ckptsim-json:"
 
 
@@ -113,46 +115,14 @@ def _optimizer_int_keys(obj):
     return obj
 
 
-_METADATA_MODULES = (
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.filesystem",
-    "torch.distributed.checkpoint.planner",
-)
-_METADATA_GLOBALS = {
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), torch.dtype | torch.layout | torch.memory_format
-        ):
-            return getattr(torch, name)
-        from simulator.controller.integrity import UnsafeCheckpoint
-
-        raise UnsafeCheckpoint(
-            f"refusing DCP metadata: it would import {module}.{name} (not a DCP metadata class)"
-        )
-
-
-def _safe_reader(ckpt_dir: Path):
+def _safe_reader(ckpt_dir: Path, metadata):
+    """DCP's file reader, handed the metadata this rank already read through the allow-list."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeFileSystemReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            with open(Path(ckpt_dir) / ".metadata", "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-            if getattr(metadata, "storage_meta", None) is None:
+            if metadata.storage_meta is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
@@ -312,19 +282,13 @@ class DistributedBackend:
         ckpt_dir = Path(ckpt_dir)
         if not (ckpt_dir / ".metadata").is_file():
             raise CorruptCheckpoint(f"{ckpt_dir.name}: no DCP .metadata (incomplete write)")
-        # Vet the metadata here: inside dcp.load a refusal would be swallowed into a fallback.
-        with open(ckpt_dir / ".metadata", "rb") as f:
-            try:
-                _MetadataUnpickler(f).load()
-            except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
-                raise CorruptCheckpoint(
-                    f"{ckpt_dir.name}: unreadable DCP .metadata ({exc})"
-                ) from None
+        # Read (and vet) here: inside dcp.load a refusal would be swallowed into a fallback.
+        metadata = load_metadata(ckpt_dir)
         state = _encode(self._split(template))
         try:
             dcp.load(
                 state,
-                storage_reader=_safe_reader(ckpt_dir),
+                storage_reader=_safe_reader(ckpt_dir, metadata),
                 planner=_completing_planner(self.rank),
                 process_group=self.group,
             )
@@ -337,7 +301,7 @@ class DistributedBackend:
             raise CorruptCheckpoint(f"{ckpt_dir.name}: DCP cannot read it ({exc})") from None
         except (UnsafeCheckpoint, CorruptCheckpoint):
             raise
-        except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
+        except (OSError, ValueError, RuntimeError, EOFError) as exc:
             raise CorruptCheckpoint(f"{ckpt_dir.name}: DCP cannot read it ({exc})") from None
         state = _optimizer_int_keys(_decode(state))
         own = state.pop(PER_RANK_KEY, {}).get(f"rank{self.rank}", {})
