@@ -7,8 +7,11 @@ same manifest over files that another writer (torch.distributed) put into a temp
 directory, so every checkpoint verifies the same way.
 
 Pickles can run arbitrary code when loaded, so a checkpoint that carries one is refused
-outright. The refusal reads the pickle's opcodes (``pickletools``) without executing them, to
-name what it would have imported.
+outright: any file that is a pickle by content (every protocol, a torch.save archive), whatever
+its name. The refusal reads opcodes (``pickletools``) without executing them. It is defence in
+depth: what keeps loading safe is that nothing in a checkpoint is ever unpickled except DCP's
+``.metadata``, and that only through :mod:`simulator.controller.safe_metadata`; the CRC-32
+checksums catch torn and bit-rotten files, not a hostile writer, who can recompute them.
 """
 
 from __future__ import annotations
@@ -75,35 +78,44 @@ def write_manifest(root: Path) -> dict:
 
 _PICKLE_PROTOCOLS = {bytes([0x80, p]) for p in range(2, 6)}
 _ZIP = b"PK\x03\x04"
+# How much of a file is read to tell whether it is a pickle: a real one is refused long before
+# its end, and a 10 GB file with no newline is never read whole (protocol 0 reads lines).
+_SCAN_BYTES = 1 << 20
 
 
 def pickle_globals(path: str | os.PathLike, limit: int = 5) -> list[str] | None:
-    """The callables a pickle file would import, read statically; None when it is no pickle.
+    """The names a pickle file mentions, read statically; None when it is no pickle.
 
-    A torch.save archive (a zip holding ``data.pkl``) counts as a pickle too.
+    Judged by content, whatever the file is called: a zip (a torch.save archive), a protocol 2-5
+    header, or any file whose first MiB reads as pickle opcodes (protocols 0 and 1 have no
+    header) up to STOP or up to the cut. The names are for the message; a crafted pickle can
+    hide what it calls from a static read. What keeps loading safe is that the controller
+    never unpickles a checkpoint file except DCP's ``.metadata``, and that one only through
+    :mod:`simulator.controller.safe_metadata`; this check refuses the obvious cases loudly.
     """
     path = Path(path)
     with open(path, "rb") as f:
-        head = f.read(4)
-    if head == _ZIP:
+        head = f.read(_SCAN_BYTES)
+        cut = bool(f.read(1))
+    if head.startswith(_ZIP):
         return ["(torch.save archive)"]
-    if head[:2] not in _PICKLE_PROTOCOLS:
-        return None
     found: list[str] = []
     strings: list[str] = []
     try:
-        with open(path, "rb") as f:
-            for op, arg, _pos in pickletools.genops(f):
-                if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-                    strings.append(str(arg))
-                elif op.name == "GLOBAL":
-                    found.append(str(arg).replace(" ", "."))
-                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                    found.append(f"{strings[-2]}.{strings[-1]}")
-                if len(found) >= limit:
-                    break
-    except Exception:  # a malformed pickle is still a pickle
-        pass
+        for op, arg, _pos in pickletools.genops(head):
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                strings.append(str(arg))
+            elif op.name in ("GLOBAL", "INST"):
+                found.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(f"{strings[-2]}.{strings[-1]}")
+            if len(found) >= limit:
+                break
+    except ValueError as exc:  # pickletools' word for "not (all) pickle opcodes"
+        if head[:2] in _PICKLE_PROTOCOLS:
+            return found  # a malformed pickle is still a pickle
+        if not (cut and "unknown" not in str(exc)):
+            return None  # not a pickle, unless the stream only ran into the cut
     return found
 
 
@@ -117,7 +129,7 @@ def refuse_pickles(root: Path, *, allowed: frozenset[str] = frozenset()) -> None
                 continue
             found = pickle_globals(path)
             if found is not None:
-                what = f"it would import {', '.join(found)}" if found else "it is a pickle"
+                what = f"it names {', '.join(found)}" if found else "by its content"
                 raise UnsafeCheckpoint(
                     f"refusing checkpoint {root.name}: {rel} is a pickle ({what}); loading a "
                     "checkpoint never executes code, so only safetensors and JSON are read"

@@ -149,16 +149,19 @@ def _load_build(self):
     cls = type(inst)
     fields = _tables()[2].get(cls)
     if fields is None:
+        if isinstance(inst, type):
+            _refuse(f"it would set attributes on the class {_describe(inst)} itself")
         _refuse(f"it would set the state of {_describe(inst)}")
     if getattr(cls, "__setstate__", None) is not None:
         # TensorProperties: a 5-tuple of values that its own __setstate__ unpacks.
         if type(state) is not tuple:
-            _refuse(f"it would set the state of {cls.__qualname__} from {type(state).__name__}")
+            _refuse(f"it would set the state of a {cls.__qualname__} from {type(state).__name__}")
         inst.__setstate__(state)
         return
-    if type(state) is not dict or not all(type(k) is str and k in fields for k in state):
-        keys = list(state) if type(state) is dict else type(state).__name__
-        _refuse(f"it would set {keys!r} on a {cls.__qualname__} (fields: {sorted(fields)})")
+    if type(state) is not dict:
+        _refuse(f"it would set the state of a {cls.__qualname__} from a {type(state).__name__}")
+    if not all(type(k) is str and k in fields for k in state):
+        _refuse(f"it would set {list(state)!r} on a {cls.__qualname__} (fields: {sorted(fields)})")
     inst.__dict__.update(state)
 
 
