@@ -652,3 +652,19 @@ def test_checkpoint_files_themselves_are_not_taken_for_pickles(tmp_path):
     step_dir = max((tmp_path / "run").glob("step-*"))
     refuse_pickles(step_dir)  # safetensors and JSON only: nothing raised
     assert not zipfile.is_zipfile(next(step_dir.glob("*.safetensors")))
+
+
+def test_the_layout_lookup_answers_only_torch_layout_names():
+    from simulator.controller.safe_metadata import loads_metadata
+
+    def layout_of(name) -> bytes:
+        get = _global("torch.serialization", "_get_layout", 4)
+        return _head(4) + get + name + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP
+
+    with pytest.raises(UnsafeCheckpoint, match="not a torch layout"):
+        loads_metadata(layout_of(_str("__class__", 4)))
+    with pytest.raises(UnsafeCheckpoint, match="not a torch layout"):
+        loads_metadata(layout_of(pickle.EMPTY_LIST))
+    # A real layout name resolves (and the whole is then refused for not being a Metadata).
+    with pytest.raises(UnsafeCheckpoint, match="not a DCP Metadata"):
+        loads_metadata(layout_of(_str("torch.strided", 4)))

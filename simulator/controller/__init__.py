@@ -3,8 +3,9 @@
 ``AdaptiveCheckpointer`` is the entry point; the modules below it are the pieces it composes:
 ``state`` (what a complete state is), ``schedule`` (when the next save is due), ``storage``
 (where checkpoints live, retention), ``integrity`` (when a checkpoint counts, no pickles),
-``runlog`` (the run's record of its own restarts) and ``backend`` (single process or
-torch.distributed). This package imports torch; the simulation core does not.
+``runlog`` (the run's record of its own restarts), ``backend`` (single process or
+torch.distributed) and ``safe_metadata`` (DCP's metadata pickle, read as data, never run).
+This package imports torch; the simulation core does not.
 """
 
 from simulator.controller.backend import Backend, LocalBackend
