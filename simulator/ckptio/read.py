@@ -97,7 +97,7 @@ def read_checkpoint(
             tensor_file, files[TENSOR_FILE]["bytes"], manifest.get("tensors"), checksum=verify
         )
     except (OSError, SafetensorError, ValueError, TypeError, RuntimeError) as exc:
-        raise CorruptCheckpoint(f"{tensor_file}: cannot be loaded: {exc}") from exc
+        raise CorruptCheckpoint(f"{tensor_file}: cannot be loaded: {shown(str(exc), 200)}") from exc
     meta_bytes = _read_member(meta_file, files[META_FILE]["bytes"])
     if verify:
         _check_crc(tensor_file, crc, files[TENSOR_FILE]["crc32"])
