@@ -125,6 +125,8 @@ def test_a_planted_pickle_is_refused_and_its_code_never_runs(two_saves, tmp_path
     marker = tmp_path_factory.mktemp("m") / "pwned"
     newest = directory / checkpoint_name(2)
     (newest / "extra_state.pkl").write_bytes(pickle.dumps(Planted(marker)))
+    (newest / ckptio.MANIFEST).unlink()
+    write_manifest(newest)  # listed and checksummed: an unlisted file alone is just corrupt
     with pytest.raises(UnsafeCheckpoint, match=r"extra_state\.pkl is a pickle .*open"):
         resume(directory)
     assert not marker.exists()

@@ -8,6 +8,17 @@ manifest is written last, and only then is the directory renamed to its final na
 parent fsync'ed. A crash at any point leaves either the previous checkpoints untouched plus a
 temporary directory that no reader mistakes for a checkpoint, or the complete new one.
 
+The manifest lists every file of the checkpoint: a reader refuses a checkpoint that holds a
+file the manifest does not list (but the manifest itself and a distributed commit's
+``.rank-<r>.ok`` markers), that lacks a file its layout needs (tensors and meta here; DCP's
+``.metadata`` and every rank's ``__<r>_0.distcp`` for the controller's torch.distributed
+checkpoints), whose manifest names a path outside the directory, or that holds a symlink, FIFO
+or device anywhere (never followed or opened). Lengths a file states about itself are bounded
+by the file and by fixed limits before anything is allocated. Each refusal is a
+:class:`CorruptCheckpoint` with a one-line reason. The CRC-32s detect torn and bit-rotten files;
+they are no defence against a hostile writer, who can recompute them: what protects a restore
+from one is that loading never executes code (safetensors and JSON only, never a pickle).
+
 The CRC-32 (``zlib.crc32``, ~3 GB/s on one core) is computed from the tensors' memory in a
 thread while the file is being fsync'ed, so it hides behind the disk instead of adding to it.
 
@@ -17,8 +28,11 @@ memory (pinned when CUDA is present) — that copy is the training stall — and
 """
 
 from simulator.ckptio.layout import (
+    DCP_METADATA,
     FORMAT,
     MANIFEST,
+    MAX_HEADER_BYTES,
+    MAX_MANIFEST_BYTES,
     META_FILE,
     TENSOR_FILE,
     VERSION,
@@ -27,8 +41,10 @@ from simulator.ckptio.layout import (
     fsync_dir,
     fsync_file,
     is_temp_dir,
+    may_be_unlisted,
 )
 from simulator.ckptio.read import (
+    checkpoint_files,
     file_crc32,
     is_complete,
     read_checkpoint,
@@ -39,19 +55,24 @@ from simulator.ckptio.staging import AsyncWriter, stage
 from simulator.ckptio.write import write_checkpoint
 
 __all__ = [
+    "DCP_METADATA",
     "FORMAT",
     "MANIFEST",
+    "MAX_HEADER_BYTES",
+    "MAX_MANIFEST_BYTES",
     "META_FILE",
     "TENSOR_FILE",
     "VERSION",
     "AsyncWriter",
     "CheckpointWriteError",
     "CorruptCheckpoint",
+    "checkpoint_files",
     "file_crc32",
     "fsync_dir",
     "fsync_file",
     "is_complete",
     "is_temp_dir",
+    "may_be_unlisted",
     "read_checkpoint",
     "remove_stale_temps",
     "stage",

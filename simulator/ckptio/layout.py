@@ -1,8 +1,15 @@
-"""On-disk layout of a ckptsim checkpoint: file names, the manifest, errors, fsync helpers."""
+"""On-disk layout of a ckptsim checkpoint: file names, the manifest, errors, fsync helpers.
+
+Also the rules a reader applies before it opens anything (see :mod:`simulator.ckptio`): which
+names a manifest may list, which files may sit unlisted in a checkpoint, and how far a reader
+trusts the lengths a file states about itself.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +23,17 @@ VERSION = 1
 _TEMP_MARK = ".tmp-"
 _CRC_CHUNK = 64 << 20  # bounded slices keep the GIL released in long, cache-friendly runs
 
+MAX_MANIFEST_BYTES = 64 << 20
+"""A manifest is ~60 bytes per file: this allows a million files and refuses a planted giant."""
+MAX_HEADER_BYTES = 100_000_000
+"""The safetensors library's own limit on a header; a longer stated length is a corrupt file."""
+
+DCP_METADATA = ".metadata"
+"""torch.distributed.checkpoint's index of a checkpoint (rank 0 writes it last)."""
+DCP_DATA = re.compile(r"__(\d{1,9})_(\d{1,9})\.distcp")
+"""A rank's data file as DCP names it; with one file per rank every rank writes ``__<r>_0``."""
+_MARKER = re.compile(r"\.rank-\d+\.(ok|failed)")
+
 
 class CorruptCheckpoint(Exception):
     """A checkpoint directory that is incomplete or whose bytes differ from its manifest."""
@@ -23,6 +41,84 @@ class CorruptCheckpoint(Exception):
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (disk full, I/O error); nothing was left at the path."""
+
+
+def may_be_unlisted(name: str) -> bool:
+    """Whether a file may sit in a checkpoint without a manifest entry: the manifest itself
+    and the per-rank outcome markers (``.rank-<r>.ok``/``.failed``) of a distributed commit,
+    which say how the write went and are never read back as state."""
+    return name == MANIFEST or _MARKER.fullmatch(name) is not None
+
+
+def unsafe_name(name: object) -> str | None:
+    """Why ``name`` cannot be a manifest entry (None when it can): entries are relative POSIX
+    paths that stay inside the checkpoint, so the check is on the text, before any open."""
+    if not isinstance(name, str) or not name:
+        return "an empty name"
+    if len(name) > 4096:
+        return "longer than a path can be"
+    if "\x00" in name:
+        return "it contains NUL"
+    if "\\" in name:
+        return "it contains a backslash"
+    if name.startswith("/"):
+        return "an absolute path"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "an empty, '.' or '..' path component"
+    if name == MANIFEST:
+        return "the manifest cannot list itself"
+    return None
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: checkpoint text in a one-line reason."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_header(f, size: int, file: Path) -> tuple[bytes, bytes]:
+    """The 8-byte length and the JSON header of a safetensors file of ``size`` bytes, reading
+    no more than the file holds and never more than :data:`MAX_HEADER_BYTES`."""
+    head = f.read(8)
+    if len(head) < 8:
+        raise CorruptCheckpoint(f"{file}: {size} bytes, too short for a safetensors header")
+    length = int.from_bytes(head, "little")
+    if length > min(size - 8, MAX_HEADER_BYTES):
+        raise CorruptCheckpoint(
+            f"{file}: safetensors header length {length} exceeds the file ({size} bytes) or "
+            f"the {MAX_HEADER_BYTES}-byte limit"
+        )
+    header = f.read(length)
+    if len(header) < length:
+        raise CorruptCheckpoint(f"{file}: file ended inside its safetensors header")
+    return head, header
+
+
+def header_entries(header: bytes, data_len: int, file: Path) -> dict[str, dict]:
+    """The tensor entries of a safetensors header, each checked for what a reader relies on
+    (an object whose ``data_offsets`` lie inside the ``data_len`` bytes after the header)."""
+    try:
+        entries = json.loads(header)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpoint(f"{file}: safetensors header is not JSON ({exc})") from None
+    if not isinstance(entries, dict):
+        raise CorruptCheckpoint(
+            f"{file}: safetensors header is a {type(entries).__name__}, not a JSON object"
+        )
+    entries.pop("__metadata__", None)
+    for name, entry in entries.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_len
+        ):
+            raise CorruptCheckpoint(
+                f"{file}: tensor {shown(name)} has no valid data_offsets inside the file's "
+                f"{data_len} data bytes (got {shown(entry)})"
+            )
+    return entries
 
 
 def bytes_of(t: torch.Tensor) -> np.ndarray:

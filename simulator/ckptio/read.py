@@ -1,14 +1,29 @@
-"""Reading a checkpoint: completeness, CRC verification, loading through safetensors."""
+"""Reading a checkpoint: what it must hold, CRC verification, loading through safetensors.
+
+Nothing in a checkpoint directory is trusted before it is checked, in this order: the
+directory itself is no symlink; the manifest is a regular file of bounded size and a JSON
+object of the expected keys and types, whose names are relative paths inside the directory;
+every file in the directory tree is a regular file (symlinks, FIFOs and devices are refused,
+never opened) and listed, but for :func:`~simulator.ckptio.layout.may_be_unlisted` names;
+every listed file exists with its listed size, and the files the layout needs are listed.
+Only then are bytes read — opened without following links, never past the listed size — and
+checked against their CRC-32. Every refusal is a :class:`CorruptCheckpoint` with a one-line
+reason, which a caller treats as "fall back to an older checkpoint".
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -16,77 +31,94 @@ from safetensors import SafetensorError, safe_open
 
 from simulator.ckptio.layout import (
     _CRC_CHUNK,
+    DCP_DATA,
+    DCP_METADATA,
     FORMAT,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     META_FILE,
     TENSOR_FILE,
+    VERSION,
     CorruptCheckpoint,
     bytes_of,
+    header_entries,
     is_temp_dir,
+    may_be_unlisted,
+    read_header,
+    shown,
+    unsafe_name,
 )
+
+# What a manifest's files must include, by who wrote it: ckptio's own checkpoints (recognised
+# by the "tensors" count only write_checkpoint records, or by their file names),
+# torch.distributed checkpoints sealed by write_manifest (the "ranks" it records, or DCP's file
+# names: then DCP's index and every rank's data file are required), or any other set of files
+# (Lightning's). Which layout the caller expects is its own to demand (read_checkpoint does).
+_CKPTIO, _DCP, _FILES = "ckptio", "dcp", "files"
 
 
 def is_complete(path: str | os.PathLike) -> bool:
-    """Cheap completeness check: a final (non-temporary) directory whose manifest parses and
-    whose files all exist with the sizes it lists. Checksums are not read; see
-    :func:`verify_checkpoint`."""
-    path = Path(path)
-    if is_temp_dir(path) or not path.is_dir():
-        return False
+    """Cheap completeness check: every structural rule of :func:`verify_checkpoint` (the
+    manifest, the names, regular files only, nothing unlisted, the sizes). Checksums are not
+    read."""
     try:
-        _check_sizes(path, _read_manifest(path))
+        _inspect(Path(path))
     except CorruptCheckpoint:
         return False
     return True
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:
-    """Raise :class:`CorruptCheckpoint` (one-line reason) unless every file matches the
-    manifest in size and CRC-32."""
+    """Raise :class:`CorruptCheckpoint` (one-line reason) unless the checkpoint passes every
+    structural rule and every file matches the manifest in size and CRC-32.
+
+    Contents are not parsed here (a file that is a pickle is for the caller to refuse as
+    such); :func:`read_checkpoint` checks the tensor header and ``meta.json`` as it loads."""
     path = Path(path)
-    manifest = _checked_manifest(path)
-    for name, entry in manifest["files"].items():
-        _check_crc(path / name, file_crc32(path / name), entry["crc32"])
+    for name, entry in _inspect(path)["files"].items():
+        _check_crc(path / name, _member_crc(path / name, entry["bytes"]), entry["crc32"])
 
 
 def read_checkpoint(
     path: str | os.PathLike, *, verify: bool = True
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Load a checkpoint's tensors (on CPU) and meta.
+    """Load a checkpoint's tensors (on CPU) and meta (a JSON object).
 
     With ``verify`` the CRC-32 is computed over the very bytes loaded, in a thread while the
     next tensor is read, so a verified restore costs one pass over the disk, not two.
+    Without it the structural checks of :func:`is_complete` still apply.
     """
     path = Path(path)
-    if verify:
-        manifest = _checked_manifest(path)
-    elif not is_complete(path):
-        raise CorruptCheckpoint(f"{path} is not a complete checkpoint")
+    manifest = _inspect(path, layout=_CKPTIO)
+    files = manifest["files"]
+    tensor_file, meta_file = path / TENSOR_FILE, path / META_FILE
     try:
-        tensors, crc = _load_tensors(path / TENSOR_FILE, checksum=verify)
-        meta_bytes = (path / META_FILE).read_bytes()
-        meta = json.loads(meta_bytes)
-    except (OSError, ValueError, SafetensorError) as exc:
-        raise CorruptCheckpoint(f"{path}: cannot be loaded: {exc}") from exc
+        tensors, crc = _load_tensors(
+            tensor_file, files[TENSOR_FILE]["bytes"], manifest.get("tensors"), checksum=verify
+        )
+    except (OSError, SafetensorError, ValueError, TypeError, RuntimeError) as exc:
+        raise CorruptCheckpoint(f"{tensor_file}: cannot be loaded: {shown(str(exc), 200)}") from exc
+    meta_bytes = _read_member(meta_file, files[META_FILE]["bytes"])
     if verify:
-        files = manifest["files"]
-        _check_crc(path / TENSOR_FILE, crc, files[TENSOR_FILE]["crc32"])
-        _check_crc(path / META_FILE, zlib.crc32(meta_bytes), files[META_FILE]["crc32"])
+        _check_crc(tensor_file, crc, files[TENSOR_FILE]["crc32"])
+        _check_crc(meta_file, zlib.crc32(meta_bytes), files[META_FILE]["crc32"])
         for name, entry in files.items():
             if name not in (TENSOR_FILE, META_FILE):
-                _check_crc(path / name, file_crc32(path / name), entry["crc32"])
-    return tensors, meta
+                _check_crc(path / name, _member_crc(path / name, entry["bytes"]), entry["crc32"])
+    return tensors, _parse_meta(meta_file, meta_bytes)
 
 
-def _load_tensors(file: Path, *, checksum: bool) -> tuple[dict[str, torch.Tensor], int | None]:
+def _load_tensors(
+    file: Path, size: int, count: int | None, *, checksum: bool
+) -> tuple[dict[str, torch.Tensor], int | None]:
     """Every tensor copied out of the file mapping into process memory (so the restore reads
     the disk now, and later edits of the file cannot reach the caller), in file order, with
     the file's CRC-32 computed from the header and the copies."""
-    with open(file, "rb") as f:
-        head = f.read(8)
-        header = f.read(int.from_bytes(head, "little"))
-    entries = json.loads(header)
-    entries.pop("__metadata__", None)
+    with _open_member(file, size) as f:
+        head, header = read_header(f, size, file)
+    entries = header_entries(header, size - 8 - len(header), file)
+    if count is not None and len(entries) != count:
+        raise CorruptCheckpoint(f"{file}: holds {len(entries)} tensors, the manifest says {count}")
     order = sorted(entries, key=lambda n: entries[n]["data_offsets"][0])
     tensors: dict[str, torch.Tensor] = {}
     crc = zlib.crc32(header, zlib.crc32(head))
@@ -124,6 +156,43 @@ def file_crc32(file: str | os.PathLike) -> int:
     return crc
 
 
+def checkpoint_files(path: str | os.PathLike) -> dict[str, int]:
+    """Every file under a checkpoint directory, as relative POSIX name -> size, found without
+    following a symlink; a symlink or anything but a regular file or directory is a
+    :class:`CorruptCheckpoint` (a checkpoint holds nothing else, and such an entry is never
+    opened)."""
+    root = Path(path)
+    found: dict[str, int] = {}
+    pending = [("", root)]
+    while pending:
+        prefix, directory = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except OSError as exc:
+            raise CorruptCheckpoint(f"{directory}: cannot be listed ({exc.strerror})") from None
+        for entry in entries:
+            rel = prefix + entry.name
+            try:
+                mode = entry.stat(follow_symlinks=False)
+            except OSError as exc:
+                raise CorruptCheckpoint(f"{root}: {shown(rel)} vanished ({exc.strerror})") from None
+            if stat.S_ISLNK(mode.st_mode):
+                raise CorruptCheckpoint(
+                    f"{root}: {shown(rel)} is a symlink; a checkpoint's files are never followed "
+                    "out of it"
+                )
+            if stat.S_ISDIR(mode.st_mode):
+                pending.append((rel + "/", Path(entry.path)))
+            elif stat.S_ISREG(mode.st_mode):
+                found[rel] = mode.st_size
+            else:
+                raise CorruptCheckpoint(
+                    f"{root}: {shown(rel)} is not a regular file (a FIFO, socket or device)"
+                )
+    return found
+
+
 def _check_crc(file: Path, crc: int, expected: int) -> None:
     if crc != expected:
         raise CorruptCheckpoint(
@@ -131,14 +200,72 @@ def _check_crc(file: Path, crc: int, expected: int) -> None:
         )
 
 
-def _checked_manifest(path: Path) -> dict[str, Any]:
+def _inspect(path: Path, *, layout: str | None = None) -> dict[str, Any]:
+    """The validated manifest of a checkpoint that passes every structural rule (see the
+    module docstring); ``layout`` demands that layout's files whatever the manifest says."""
     if is_temp_dir(path):
         raise CorruptCheckpoint(f"{path} is the temporary directory of an unfinished write")
-    if not path.is_dir():
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise CorruptCheckpoint(f"{path} is not a checkpoint directory ({exc.strerror})") from None
+    if stat.S_ISLNK(mode):
+        raise CorruptCheckpoint(
+            f"{path} is a symlink; a checkpoint is read only where it was written"
+        )
+    if not stat.S_ISDIR(mode):
         raise CorruptCheckpoint(f"{path} is not a checkpoint directory")
     manifest = _read_manifest(path)
-    _check_sizes(path, manifest)
+    files = manifest["files"]
+    on_disk = checkpoint_files(path)
+    for name, entry in files.items():
+        if name not in on_disk:
+            raise CorruptCheckpoint(f"{path}: {shown(name)} listed in the manifest is missing")
+        if on_disk[name] != entry["bytes"]:
+            raise CorruptCheckpoint(
+                f"{path / name}: {on_disk[name]} bytes on disk, manifest says {entry['bytes']} "
+                "(truncated?)"
+            )
+    for name in sorted(on_disk):
+        if name not in files and not may_be_unlisted(name):
+            raise CorruptCheckpoint(
+                f"{path}: {shown(name)} is not listed in the manifest (every file of a "
+                "checkpoint is, so none can escape its checksum)"
+            )
+    _check_layout(path, manifest, layout or _layout(manifest))
     return manifest
+
+
+def _layout(manifest: dict[str, Any]) -> str:
+    files = manifest["files"]
+    if "tensors" in manifest or TENSOR_FILE in files or META_FILE in files:
+        return _CKPTIO
+    if "ranks" in manifest or any(n == DCP_METADATA or DCP_DATA.fullmatch(n) for n in files):
+        return _DCP
+    return _FILES
+
+
+def _check_layout(path: Path, manifest: dict[str, Any], layout: str) -> None:
+    files = manifest["files"]
+    if layout == _CKPTIO:
+        for name in (TENSOR_FILE, META_FILE):
+            if name not in files:
+                raise CorruptCheckpoint(f"{path}: {name} is not listed in the manifest")
+    elif layout == _DCP:
+        if DCP_METADATA not in files:
+            raise CorruptCheckpoint(f"{path}: {DCP_METADATA} is not listed in the manifest")
+        ranks = {int(m[1]) for m in map(DCP_DATA.fullmatch, files) if m}
+        world = max(manifest.get("ranks", 1), max(ranks, default=0) + 1)
+        if world > len(files):
+            raise CorruptCheckpoint(
+                f"{path}: {MANIFEST} implies {world} ranks but lists {len(files)} files"
+            )
+        for rank in range(world):
+            if f"__{rank}_0.distcp" not in files:
+                raise CorruptCheckpoint(
+                    f"{path}: rank {rank}'s data file __{rank}_0.distcp is not listed in the "
+                    "manifest"
+                )
 
 
 def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
@@ -154,28 +281,106 @@ def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest, refused unless every key the readers use has the expected type."""
     file = path / MANIFEST
-    if not file.is_file():
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing (write did not finish)")
     try:
-        manifest = json.loads(file.read_bytes())
-        files = manifest["files"]
-        if manifest.get("format") != FORMAT or not isinstance(files, dict):
-            raise ValueError("not a ckptsim manifest")
-        for entry in files.values():
-            int(entry["bytes"]), int(entry["crc32"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} is unreadable: {exc}") from exc
+        size = os.lstat(file).st_size
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing (write did not finish)") from None
+    except OSError as exc:
+        raise CorruptCheckpoint(f"{file}: cannot be read ({exc.strerror})") from None
+    if size > MAX_MANIFEST_BYTES:
+        raise CorruptCheckpoint(
+            f"{file}: {size} bytes, larger than any manifest ({MAX_MANIFEST_BYTES})"
+        )
+    try:
+        manifest = json.loads(_read_member(file, size))
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpoint(f"{file}: not JSON ({exc})") from None
+
+    def bad(what: str) -> CorruptCheckpoint:
+        return CorruptCheckpoint(f"{file}: {what}")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"is a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("format") != FORMAT:
+        raise bad(f"format is {shown(manifest.get('format'))}, not {FORMAT!r}")
+    version = manifest.get("version")
+    if type(version) is not int or version < 1:
+        raise bad(f"version is {shown(version)}, not a positive integer")
+    if version > VERSION:
+        raise bad(f"version {version} was written by a newer ckptsim (this one reads {VERSION})")
+    if manifest.get("checksum") != "crc32":
+        raise bad(f"checksum is {shown(manifest.get('checksum'))}, not 'crc32'")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise bad(f"files is {shown(files, 40)}, not a non-empty object of name -> entry")
+    for name, entry in files.items():
+        reason = unsafe_name(name)
+        if reason is not None:
+            raise bad(f"lists {shown(name)}, {reason}; entries are relative paths inside it")
+        if not isinstance(entry, dict):
+            raise bad(f"the entry of {shown(name)} is a {type(entry).__name__}, not an object")
+        for key, limit in (("bytes", None), ("crc32", 1 << 32)):
+            value = entry.get(key)
+            if type(value) is not int or value < 0 or (limit is not None and value >= limit):
+                span = f"in [0, {limit:#x})" if limit else ">= 0"
+                raise bad(f"{shown(name)} has {key} {shown(value, 40)}, not an integer {span}")
+    total = sum(entry["bytes"] for entry in files.values())
+    if manifest.get("bytes") != total or type(manifest.get("bytes")) is not int:
+        raise bad(f"bytes is {shown(manifest.get('bytes'), 40)}, the files sum to {total}")
+    for key, least in (("tensors", 0), ("ranks", 1)):
+        value = manifest.get(key, least)
+        if type(value) is not int or value < least:
+            raise bad(f"{key} is {shown(value, 40)}, not an integer >= {least}")
     return manifest
 
 
-def _check_sizes(path: Path, manifest: dict[str, Any]) -> None:
-    for name, entry in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            raise CorruptCheckpoint(f"{path}: {name} listed in the manifest is missing")
-        size = file.stat().st_size
-        if size != entry["bytes"]:
-            raise CorruptCheckpoint(
-                f"{file}: {size} bytes on disk, manifest says {entry['bytes']} (truncated?)"
-            )
+@contextmanager
+def _open_member(file: Path, size: int) -> Iterator[BinaryIO]:
+    """A checkpoint file opened for reading without following a symlink or blocking on a
+    FIFO, refused unless it is a regular file of the ``size`` bytes expected."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptCheckpoint(f"{file}: is a symlink, never followed") from None
+        raise CorruptCheckpoint(f"{file}: cannot be opened ({exc.strerror})") from None
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptCheckpoint(f"{file}: not a regular file")
+        if st.st_size != size:
+            raise CorruptCheckpoint(f"{file}: {st.st_size} bytes, expected {size} (changed?)")
+        yield f
+
+
+def _read_member(file: Path, size: int) -> bytes:
+    with _open_member(file, size) as f:
+        data = f.read(size)
+    if len(data) != size:
+        raise CorruptCheckpoint(f"{file}: ended after {len(data)} of {size} bytes")
+    return data
+
+
+def _member_crc(file: Path, size: int) -> int:
+    """CRC-32 of exactly the ``size`` bytes a checkpoint file is listed with."""
+    crc, left = 0, size
+    with _open_member(file, size) as f:
+        while left > 0:
+            chunk = f.read(min(left, _CRC_CHUNK))
+            if not chunk:
+                raise CorruptCheckpoint(f"{file}: ended {left} bytes early")
+            crc = zlib.crc32(chunk, crc)
+            left -= len(chunk)
+    return crc
+
+
+def _parse_meta(file: Path, data: bytes) -> dict[str, Any]:
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpoint(f"{file}: not JSON ({shown(str(exc))})") from None
+    if not isinstance(meta, dict):
+        raise CorruptCheckpoint(f"{file}: a JSON {type(meta).__name__}, not an object")
+    return meta

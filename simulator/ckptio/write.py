@@ -29,6 +29,8 @@ from simulator.ckptio.layout import (
     bytes_of,
     fsync_dir,
     fsync_file,
+    header_entries,
+    read_header,
 )
 
 
@@ -165,13 +167,11 @@ def _file_crc(file: Path, tensors: dict[str, torch.Tensor]) -> int:
     The header states where each tensor's bytes sit; walking them in file order gives the same
     CRC as reading the file back, without a second pass over the disk.
     """
+    size = file.stat().st_size
     with open(file, "rb") as f:
-        head = f.read(8)
-        header_len = int.from_bytes(head, "little")
-        header = f.read(header_len)
+        head, header = read_header(f, size, file)
     crc = zlib.crc32(header, zlib.crc32(head))
-    entries = json.loads(header)
-    entries.pop("__metadata__", None)
+    entries = header_entries(header, size - 8 - len(header), file)
     for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
         t = tensors[name]
         if t.numel() == 0:

@@ -102,5 +102,5 @@ class LocalBackend:
         tensors, tree = ckptio.read_checkpoint(ckpt_dir, verify=False)
         try:
             return unflatten(tensors, tree)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CorruptCheckpoint(f"{ckpt_dir.name}: malformed state tree ({exc})") from None
+        except CorruptCheckpoint as exc:
+            raise CorruptCheckpoint(f"{ckpt_dir.name}: {exc}") from None

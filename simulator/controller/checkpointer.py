@@ -42,7 +42,7 @@ from simulator.controller.integrity import (
 )
 from simulator.controller.runlog import RunLog
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
-from simulator.controller.state import capture_state, restore_state, stage
+from simulator.controller.state import capture_state, check_state, restore_state, stage
 from simulator.controller.storage import (
     LocalStorage,
     Storage,
@@ -335,7 +335,7 @@ class AdaptiveCheckpointer:
                 step=0, config=self.config, backend=self.backend, **self._objects
             )
             try:
-                state = self.backend.read(self.root / name, template)
+                state = check_state(self.backend.read(self.root / name, template), where=name)
             except CorruptCheckpoint as exc:
                 if self.backend.world_size > 1:
                     raise  # verified by rank 0 yet unreadable here: no silent divergence

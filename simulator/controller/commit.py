@@ -177,7 +177,7 @@ def choose_checkpoint(root: Path, storage: Storage, config: dict | None) -> str 
             continue
         try:
             meta = json.loads((root / name / ckptio.META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             meta = None  # a distributed checkpoint: its config is checked once read
         check_config(root / name, meta.get("config") if isinstance(meta, dict) else None, config)
         return name

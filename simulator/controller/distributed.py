@@ -303,7 +303,12 @@ class DistributedBackend:
             raise
         except (OSError, ValueError, RuntimeError, EOFError) as exc:
             raise CorruptCheckpoint(f"{ckpt_dir.name}: DCP cannot read it ({exc})") from None
-        state = _optimizer_int_keys(_decode(state))
+        try:
+            state = _optimizer_int_keys(_decode(state))
+        except (ValueError, RecursionError) as exc:  # a JSON leaf that does not parse
+            raise CorruptCheckpoint(f"{ckpt_dir.name}: unreadable value ({exc})") from None
+        except CorruptCheckpoint as exc:
+            raise CorruptCheckpoint(f"{ckpt_dir.name}: {exc}") from None
         own = state.pop(PER_RANK_KEY, {}).get(f"rank{self.rank}", {})
         state.update(own)
         return state

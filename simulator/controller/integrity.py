@@ -1,10 +1,10 @@
 """When a checkpoint counts, and what it may not contain.
 
 A checkpoint directory is complete only when its manifest exists, and intact only when every
-file it lists has the listed size and CRC-32: the format of :mod:`simulator.ckptio`, which
-writes and verifies the single-process checkpoints itself. :func:`write_manifest` produces the
-same manifest over files that another writer (torch.distributed) put into a temporary
-directory, so every checkpoint verifies the same way.
+file it holds is listed with its size and CRC-32 (and is a regular file inside it): the format
+of :mod:`simulator.ckptio`, which writes and verifies the single-process checkpoints itself.
+:func:`write_manifest` produces the same manifest over files that another writer
+(torch.distributed) put into a temporary directory, so every checkpoint verifies the same way.
 
 Pickles can run arbitrary code when loaded, so a checkpoint that carries one is refused
 outright: any file that is a pickle by content (every protocol, a torch.save archive), whatever
@@ -49,18 +49,24 @@ def write_manifest(root: Path) -> dict:
 
     For backends whose files the checkpointer did not write through :mod:`simulator.ckptio`
     (torch.distributed checkpoints): the result reads and verifies like any ckptio checkpoint.
-    Per-rank marker files (``.rank-*``) are left out.
+    Per-rank marker files (``.rank-<r>.ok``) are left out, as readers allow. A DCP checkpoint
+    (one with ``.metadata``) also records how many ranks wrote it, so a reader requires each
+    rank's data file. A symlink or a non-regular file under ``root`` is a
+    :class:`CheckpointWriteError`: no reader would accept the checkpoint.
     """
+    try:
+        found = ckptio.checkpoint_files(root)
+    except CorruptCheckpoint as exc:
+        raise CheckpointWriteError(f"cannot seal checkpoint: {exc}") from None
     files = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for name in sorted(names):
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if rel == ckptio.MANIFEST or name.startswith(".rank-"):
-                continue
-            ckptio.fsync_file(path)
-            files[rel] = {"bytes": path.stat().st_size, "crc32": ckptio.file_crc32(path)}
-        ckptio.fsync_dir(Path(dirpath))
+    for rel in sorted(found):
+        if ckptio.may_be_unlisted(rel):
+            continue
+        path = root / rel
+        ckptio.fsync_file(path)
+        files[rel] = {"bytes": path.stat().st_size, "crc32": ckptio.file_crc32(path)}
+    for directory in sorted({(root / rel).parent for rel in files}, reverse=True):
+        ckptio.fsync_dir(directory)
     manifest = {
         "format": ckptio.FORMAT,
         "version": ckptio.VERSION,
@@ -68,6 +74,9 @@ def write_manifest(root: Path) -> dict:
         "files": files,
         "bytes": sum(f["bytes"] for f in files.values()),
     }
+    if ckptio.DCP_METADATA in files:
+        done = sum(1 for rel in found if rel.startswith(".rank-") and rel.endswith(".ok"))
+        manifest["ranks"] = max(done, 1)
     with open(root / ckptio.MANIFEST, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
         f.flush()

@@ -10,23 +10,38 @@ names the tensors by key (:func:`flatten` / :func:`unflatten`). JSON cannot expr
 non-string dict keys, bytes or NumPy values, so those are tagged (``{"__tuple__": [...]}``);
 anything else is refused with the path where it was found, rather than pickled: loading a
 checkpoint must never execute code.
+
+Reading back trusts nothing: :func:`unflatten` refuses a tree :func:`flatten` could not have
+written, and :func:`check_state` (run by :func:`restore_state` before anything is loaded, and by
+the checkpointer right after a read) refuses a state whose step, RNG states or sections have
+the wrong form. Both raise :class:`~simulator.ckptio.CorruptCheckpoint`: a malformed state is
+damage, and a restore falls back to an older checkpoint. A well-formed state that an object's
+own ``load_state_dict`` refuses does not fit this run: ``IncompatibleCheckpoint``, a stop.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
+import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
 from simulator import ckptio
+from simulator.ckptio.layout import shown
+from simulator.controller.integrity import IncompatibleCheckpoint
+from simulator.controller.schedule import Estimates
 
 __all__ = [
     "UnsupportedState",
     "capture_state",
+    "check_rng_state",
+    "check_state",
     "flatten",
     "restore_state",
     "rng_state",
@@ -36,6 +51,7 @@ __all__ = [
 ]
 
 _PLAIN = frozenset({int, float, str, bool, type(None)})
+_ESTIMATES = frozenset(f.name for f in dataclasses.fields(Estimates))
 _TAGS = ("__tensor__", "__tuple__", "__dict__", "__bytes__", "__ndarray__", "__npscalar__")
 
 
@@ -58,11 +74,116 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Put back what :func:`rng_state` returned; a malformed state (checked first, so no
+    generator is touched) is a :class:`~simulator.ckptio.CorruptCheckpoint`."""
+    check_rng_state(state)
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])  # noqa: NPY002
-    torch.set_rng_state(state["torch"].to("cpu", torch.uint8))
+    torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([t.to("cpu", torch.uint8) for t in state["cuda"]])
+        torch.cuda.set_rng_state_all(list(state["cuda"]))
+
+
+def check_rng_state(state: Any, where: str = "rng") -> None:
+    """Raise CorruptCheckpoint unless ``state`` is an RNG state :func:`set_rng_state` takes.
+
+    The form is checked here, and the values by each library's own setter on a throwaway
+    generator, so the global generators stay as they were. CUDA states are checked for form
+    only; their values are torch's to refuse when they are set.
+    """
+
+    def bad(what: str) -> ckptio.CorruptCheckpoint:
+        return ckptio.CorruptCheckpoint(f"malformed state: {where}{what}")
+
+    if not isinstance(state, Mapping):
+        raise bad(f" is a {type(state).__name__}, not a dict")
+    for key in ("python", "numpy", "torch"):
+        if key not in state:
+            raise bad(f" has no {key!r} state")
+    py = state["python"]
+    if not (
+        isinstance(py, tuple)
+        and len(py) == 3
+        and isinstance(py[1], tuple)
+        and all(type(v) is int for v in py[1])
+        and (py[2] is None or type(py[2]) is float)
+    ):
+        raise bad(f"['python'] is {shown(py)}, not (version, tuple of ints, gauss)")
+    np_state = state["numpy"]
+    if not (
+        isinstance(np_state, tuple)
+        and len(np_state) == 5
+        and isinstance(np_state[1], np.ndarray)
+        and np_state[1].dtype == np.uint32
+        and np_state[1].shape == (624,)
+        and all(type(v) is int for v in np_state[2:4])
+        and 0 <= np_state[2] <= 624
+        and type(np_state[4]) is float
+    ):
+        raise bad(f"['numpy'] is {shown(np_state)}, not NumPy's legacy MT19937 state")
+    tensors = [("torch", state["torch"])]
+    if "cuda" in state:
+        if not isinstance(state["cuda"], list | tuple):
+            raise bad(f"['cuda'] is a {type(state['cuda']).__name__}, not a list of states")
+        tensors += [(f"cuda'][{i}", t) for i, t in enumerate(state["cuda"])]
+    for key, t in tensors:
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.dtype == torch.uint8
+            and t.dim() == 1
+            and t.device.type == "cpu"
+        ):
+            what = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else shown(t)
+            raise bad(f"['{key}'] is {what}, not a 1-D uint8 CPU tensor")
+    setters = [
+        ("python", random.Random().setstate, py),
+        ("numpy", np.random.RandomState().set_state, np_state),
+        ("torch", torch.Generator().set_state, state["torch"]),
+    ]
+    for key, setter, value in setters:
+        try:
+            setter(value)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+            raise bad(f"['{key}'] is refused by its generator: {shown(str(exc))}") from None
+
+
+_SECTIONS = ("model", "optimizer", "scheduler", "scaler", "dataloader")
+
+
+def check_state(state: Any, *, where: str | None = None) -> Any:
+    """Return ``state`` if it has the form :func:`restore_state` relies on, else raise
+    :class:`~simulator.ckptio.CorruptCheckpoint` (``where``: the checkpoint, for the reason).
+
+    Malformed — the parts the controller itself decodes: the state a dict, ``step`` a count,
+    the RNG states, each object's section a dict, the controller's estimates numbers, the
+    config a dict. That is damage (fall back to an older checkpoint), unlike state that is
+    well-formed but does not fit this run, which :func:`restore_state` reports as
+    :class:`~simulator.controller.integrity.IncompatibleCheckpoint` or KeyError.
+    """
+    try:
+        if not isinstance(state, Mapping):
+            raise ckptio.CorruptCheckpoint(f"malformed state: a {type(state).__name__}, not a dict")
+        step = state.get("step")
+        if type(step) is not int or step < 0:
+            raise ckptio.CorruptCheckpoint(f"malformed state: step is {shown(step, 40)}")
+        check_rng_state(state.get("rng"))
+        for name in (*_SECTIONS, "extra", "config", "controller"):
+            if name in state and not isinstance(state[name], Mapping):
+                raise ckptio.CorruptCheckpoint(
+                    f"malformed state: {name} is a {type(state[name]).__name__}, not a dict"
+                )
+        for key, value in state.get("controller", {}).items():
+            if key not in _ESTIMATES or not (
+                value is None or (type(value) in (int, float) and value >= 0)
+            ):
+                raise ckptio.CorruptCheckpoint(
+                    f"malformed state: controller estimate {shown(key, 40)} = {shown(value, 40)}"
+                )
+    except ckptio.CorruptCheckpoint as exc:
+        if where is None:
+            raise
+        raise ckptio.CorruptCheckpoint(f"{where}: {exc}") from None
+    return state
 
 
 def capture_state(
@@ -123,6 +244,7 @@ def restore_state(
     ``backend``: model and optimizer load through its ``load_model_state_dict`` (the inverse
     of :func:`capture_state` with the same backend).
     """
+    check_state(state)
     objects = (
         ("model", model),
         ("optimizer", optimizer),
@@ -133,22 +255,44 @@ def restore_state(
     for name, obj in objects:
         if obj is not None and name not in state:
             raise KeyError(f"checkpoint has no {name} state but this run has a {name}")
+    for key in extra or {}:
+        if key not in state.get("extra", {}):
+            raise KeyError(f"checkpoint has no extra state {key!r}")
     by_backend = backend is not None and model is not None
     if by_backend:
-        backend.load_model_state_dict(model, optimizer, state["model"], state.get("optimizer", {}))
+        with _not_fitting("model" if optimizer is None else "model and optimizer"):
+            backend.load_model_state_dict(
+                model, optimizer, state["model"], state.get("optimizer", {})
+            )
     for name, obj in objects:
         if obj is None or (by_backend and name in ("model", "optimizer")):
             continue
         # A disabled GradScaler saves {}, and refuses to load it.
         if name == "scaler" and not state[name]:
             continue
-        obj.load_state_dict(state[name])
+        with _not_fitting(name):
+            obj.load_state_dict(state[name])
     for key, obj in (extra or {}).items():
-        if key not in state.get("extra", {}):
-            raise KeyError(f"checkpoint has no extra state {key!r}")
-        obj.load_state_dict(state["extra"][key])
+        with _not_fitting(f"extra {key!r}"):
+            obj.load_state_dict(state["extra"][key])
     set_rng_state(state["rng"])
-    return int(state["step"])
+    return state["step"]
+
+
+@contextmanager
+def _not_fitting(name: str) -> Iterator[None]:
+    """What an object's own ``load_state_dict`` refuses does not fit it: IncompatibleCheckpoint
+    (a stop, not a fallback), whatever the exception type it used."""
+    try:
+        yield
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        if isinstance(exc, IncompatibleCheckpoint):
+            raise
+        lines = str(exc).strip().splitlines()
+        first = lines[0] if lines else type(exc).__name__
+        raise IncompatibleCheckpoint(
+            f"the saved {name} state does not load ({type(exc).__name__}: {first})"
+        ) from exc
 
 
 def stage(state: Any) -> Any:
@@ -229,29 +373,130 @@ def flatten(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
 
 
 def unflatten(tensors: Mapping[str, torch.Tensor], tree: Any) -> Any:
-    """Inverse of :func:`flatten`."""
+    """Inverse of :func:`flatten`.
+
+    A tree that :func:`flatten` could not have written (a tag with a value of the wrong form,
+    a tensor the tensor file lacks, an array of a dtype that is no number, nesting deeper than
+    any state) is a :class:`~simulator.ckptio.CorruptCheckpoint` naming where it was found.
+    """
+    try:
+        return _decode(tensors, tree)
+    except _Malformed as exc:
+        where = "state" + "".join(f"[{p!r}]" for p in reversed(exc.path))
+        raise ckptio.CorruptCheckpoint(f"malformed state tree at {where}: {exc}") from None
+    except RecursionError:
+        raise ckptio.CorruptCheckpoint("malformed state tree: nested too deeply") from None
+
+
+class _Malformed(Exception):
+    """Raised inside :func:`_decode`; each level on the way out adds its key to ``path``."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.path: list = []
+
+
+def _decode(tensors: Mapping[str, torch.Tensor], tree: Any) -> Any:
     if isinstance(tree, list):
         if all(type(v) in _PLAIN for v in tree):
             return list(tree)
-        return [unflatten(tensors, v) for v in tree]
+        return _decode_items(tensors, tree)
     if not isinstance(tree, dict):
         return tree
     if len(tree) == 1:
         ((tag, value),) = tree.items()
-        if tag == "__tensor__":
-            return tensors[value]
-        if tag == "__tuple__":
-            return tuple(unflatten(tensors, value))
-        if tag == "__dict__":
-            return {unflatten(tensors, k): unflatten(tensors, v) for k, v in value}
-        if tag == "__bytes__":
-            return base64.b64decode(value)
-        if tag == "__ndarray__":
-            dtype, shape, data = value
-            return np.asarray(data, dtype=np.dtype(dtype)).reshape(shape)
-        if tag == "__npscalar__":
-            dtype, data = value
-            return np.dtype(dtype).type(data)
+        if tag in _TAGS:
+            try:
+                return _decode_tag(tensors, tag, value)
+            except _Malformed as exc:
+                exc.path.append(tag)
+                raise
     if any(k in _TAGS for k in tree):
-        raise ValueError(f"malformed checkpoint tree: tagged dict with keys {sorted(tree)}")
-    return {k: unflatten(tensors, v) for k, v in tree.items()}
+        raise _Malformed(f"tagged dict with keys {shown(sorted(tree))}")
+    out = {}
+    for k, v in tree.items():
+        try:
+            out[k] = _decode(tensors, v)
+        except _Malformed as exc:
+            exc.path.append(k)
+            raise
+    return out
+
+
+def _decode_items(tensors: Mapping[str, torch.Tensor], items: list) -> list:
+    out = []
+    for i, v in enumerate(items):
+        try:
+            out.append(_decode(tensors, v))
+        except _Malformed as exc:
+            exc.path.append(i)
+            raise
+    return out
+
+
+def _decode_tag(tensors: Mapping[str, torch.Tensor], tag: str, value: Any) -> Any:
+    if tag == "__tensor__":
+        if type(value) is not str or value not in tensors:
+            raise _Malformed(f"names tensor {shown(value)}, which the tensor file does not hold")
+        return tensors[value]
+    if tag == "__tuple__":
+        if not isinstance(value, list):
+            raise _Malformed(f"a tuple must be a list, got {type(value).__name__}")
+        return tuple(_decode(tensors, value))
+    if tag == "__dict__":
+        if not isinstance(value, list):
+            raise _Malformed(f"a dict must be a list of pairs, got {type(value).__name__}")
+        out = {}
+        for pair in value:
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise _Malformed(f"a dict item must be a [key, value] pair, got {shown(pair)}")
+            key = _decode(tensors, pair[0])
+            try:
+                hash(key)
+            except TypeError:
+                raise _Malformed(f"dict key {shown(key)} is not hashable") from None
+            out[key] = _decode(tensors, pair[1])
+        return out
+    if tag == "__bytes__":
+        try:
+            return base64.b64decode(value, validate=True)
+        except (TypeError, ValueError):
+            raise _Malformed(f"{shown(value)} is not base64") from None
+    if tag == "__ndarray__":
+        if not (isinstance(value, list) and len(value) == 3):
+            raise _Malformed(f"an array must be [dtype, shape, data], got {shown(value)}")
+        dtype, shape, data = value
+        dtype = _number_dtype(dtype)
+        if not (
+            isinstance(shape, list)
+            and all(type(n) is int and n >= 0 for n in shape)
+            and isinstance(data, list)
+            and math.prod(shape) == len(data)
+            and all(type(v) in (int, float, bool) for v in data)
+        ):
+            raise _Malformed(f"array shape {shown(shape, 40)} does not match its flat data")
+        try:
+            return np.asarray(data, dtype=dtype).reshape(shape)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _Malformed(f"array data do not fit {dtype} ({exc})") from None
+    # "__npscalar__"
+    if not (isinstance(value, list) and len(value) == 2):
+        raise _Malformed(f"a NumPy scalar must be [dtype, value], got {shown(value)}")
+    dtype = _number_dtype(value[0])
+    if type(value[1]) not in (int, float, bool):
+        raise _Malformed(f"NumPy scalar {shown(value[1])} is not a number")
+    try:
+        return dtype.type(value[1])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _Malformed(f"{shown(value[1])} does not fit {dtype} ({exc})") from None
+
+
+def _number_dtype(name: Any) -> np.dtype:
+    """The NumPy dtype ``name`` if it is one :func:`flatten` stores (bool, int, float)."""
+    try:
+        dtype = np.dtype(name) if isinstance(name, str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in "biuf":
+        raise _Malformed(f"dtype {shown(name, 40)} is not a bool, integer or float dtype")
+    return dtype
