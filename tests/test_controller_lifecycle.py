@@ -382,3 +382,105 @@ def test_a_closed_checkpointers_handler_lets_the_signal_do_what_it_did_before(tm
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env()
     )
     assert run.returncode == -signal.SIGTERM and "survived" not in run.stdout
+
+
+_DDP_TRAIN = r"""
+import hashlib, os, sys, time
+import torch
+import torch.distributed as dist
+from simulator.controller import AdaptiveCheckpointer
+from simulator.controller.distributed import DistributedBackend
+from simulator.policies import FixedInterval
+
+directory, steps = sys.argv[1], int(sys.argv[2])
+delay = float(os.environ.get("STEP_DELAY_S", "0"))
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+)
+opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+torch.manual_seed(100 + rank)  # dropout differs per rank
+now = [0.0]
+ckpt = AdaptiveCheckpointer(
+    directory, model=model, optimizer=opt, backend=DistributedBackend(),
+    policy=FixedInterval(1e9), probe_steps=3, total_steps=steps,
+    clock=lambda: now[0],  # a second per step on rank 0: a check point every 5 steps
+)
+step = ckpt.restore()
+print("START", rank, step, flush=True)
+while step < steps:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randn(8, 4, generator=g)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+    opt.step()
+    step += 1
+    now[0] += 1.0 if rank == 0 else 3.0
+    ckpt.step(step)
+    print("STEP", rank, step, flush=True)
+    time.sleep(delay)
+ckpt.close()
+h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+for p in model.parameters():
+    h.update(p.detach().numpy().tobytes())
+for s in opt.state_dict()["state"].values():
+    h.update(s["exp_avg"].numpy().tobytes() + s["exp_avg_sq"].numpy().tobytes())
+print("DIGEST", rank, h.hexdigest(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(tmp_path: Path, directory: Path, steps: int, **env) -> subprocess.Popen:
+    script = tmp_path / "ddp_train.py"
+    script.write_text(_DDP_TRAIN)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", "0", str(script), str(directory), str(steps)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env),
+    )  # fmt: skip
+
+
+def _digests(out: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in lines(out, "DIGEST"))
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_saves_both_ranks_at_one_step_and_resumes_exactly(tmp_path):
+    directory, steps = tmp_path / "ck", 300
+    proc = _torchrun(tmp_path, directory, steps, STEP_DELAY_S="0.02")
+    printed = []
+    try:
+        for line in proc.stdout:
+            printed.append(line)
+            if line.startswith("STEP 0 20"):
+                proc.send_signal(signal.SIGTERM)  # torchrun forwards it to every worker
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    printed = "".join(printed) + out
+    assert proc.returncode != 0, "torchrun must not report a preempted job as finished"
+    assert "DIGEST" not in printed
+    log = events(directory)
+    (preempted,) = [e for e in log if e["event"] == "preempted"]
+    reached = preempted["step"]
+    assert 20 < reached < steps
+    assert step_dirs(directory) == [checkpoint_name(reached)]
+    names = {p.name for p in (directory / checkpoint_name(reached)).iterdir()}
+    assert {"__0_0.distcp", "__1_0.distcp"} <= names
+    # Each rank stopped at the agreed step: its last STEP line is the one before it.
+    for rank in (0, 1):
+        done = [int(s.split()[1]) for s in lines(printed, "STEP") if s.startswith(f"{rank} ")]
+        assert done[-1] == reached - 1, (rank, done[-3:], reached)
+    resumed = _torchrun(tmp_path, directory, steps)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert sorted(lines(out, "START")) == [f"0 {reached}", f"1 {reached}"]
+    straight = _torchrun(tmp_path, tmp_path / "straight", steps)
+    ref, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err[-3000:]
+    assert _digests(out) == _digests(ref) and len(_digests(ref)) == 2
+    assert failure_evidence(events(directory), exclude_session="next").failures == 0
