@@ -28,20 +28,21 @@ def _session(directory, start, end, interval_s):
         policy=FixedInterval(interval_s),
         clock=clock,
         probe_steps=2,
+        total_steps=end,
     )
     step = ck.restore()
     assert step == start
     for step in range(start + 1, end + 1):
         clock.now += 1.0  # a second per step
         ck.step(step)
-    ck.close(finished=False)
+    ck.close()
 
 
 @pytest.fixture
 def run_dir(tmp_path):
     """A real run log: two sessions (a restart at step 22) saving every 10 steps."""
-    _session(tmp_path / "ck", 0, 25, 10.0)
-    _session(tmp_path / "ck", 22, 50, 10.0)
+    _session(tmp_path / "ck", 0, 22, 10.0)
+    _session(tmp_path / "ck", 22, 42, 10.0)
     return tmp_path / "ck"
 
 
@@ -77,6 +78,13 @@ def test_an_empty_missing_or_unreadable_run_log_is_one_line_and_exit_2(tmp_path,
 
 def test_a_run_log_with_no_saves_yet_says_so(tmp_path, capsys):
     ck = AdaptiveCheckpointer(tmp_path, model=torch.nn.Linear(2, 2))
-    ck.close(finished=False)
+    ck.close()
     code = main(["plot", "controller", "--log", str(tmp_path), "--out", str(tmp_path / "c")])
     assert code == 2 and "no saves" in capsys.readouterr().err
+
+
+def test_an_empty_runlog_file_given_by_path_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / RUNLOG).write_bytes(b"")
+    code = main(["plot", "controller", "--log", str(tmp_path / RUNLOG), "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "empty" in err

@@ -5,13 +5,23 @@ Call :meth:`AdaptiveCheckpointer.restore` once before training and
 against a precomputed due step until a save is due; the interval is recomputed only at save
 time, from the measured save stall and iteration time and the failure-rate posterior (see
 :mod:`simulator.controller.schedule`), and on several ranks rank 0's answer is broadcast then,
-so no collective runs on the other steps.
+so no collective runs on the other steps (with preemption handlers, also at a check point
+about every 5 s of training; every broadcast carries rank 0's preemption flag).
+
+The life cycle: ``close()`` saves the tail (the last step seen, if newer than the last save)
+and records ``finished`` in the run log; a relaunch of a finished run restores that step and
+says so (:attr:`AdaptiveCheckpointer.finished`). A preemption signal (SIGTERM by default) only
+sets a flag; the next ``step()`` saves, records ``preempted`` (not a failure) and exits with
+:data:`PREEMPTED_EXIT_CODE` or, with ``on_preemption="stop"``, returns True. Each save is
+logged on the ``simulator.controller`` logger (INFO) with its step, tier, bytes, stall and the
+next due step.
 
 A save captures the whole run (:mod:`simulator.controller.state`), writes it so that it counts
 only once complete (:mod:`simulator.ckptio`, or temp dir + manifest + rename around a
 distributed backend), then applies retention (:mod:`simulator.controller.storage`). Restore
 takes the newest checkpoint that verifies, warns and falls back past corrupt ones, refuses a
-checkpoint carrying a pickle, and refuses one written with a different configuration.
+checkpoint carrying a pickle, and refuses one written with a different configuration
+(naming every differing key; ``ignore_config_keys`` lists those that may differ).
 """
 
 from __future__ import annotations
@@ -753,8 +763,11 @@ def _preemption_handler(ref: weakref.ref, previous) -> Callable:
         if callable(previous):
             previous(signum, frame)
         elif not live and previous in (signal.SIG_DFL, None):
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+            # Only when nobody chained on top of this handler: a newer checkpointer that
+            # calls it as its "previous" has taken the signal in hand.
+            if signal.getsignal(signum) is handler:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
 
     return handler
 
