@@ -120,10 +120,17 @@ def test_close_saves_the_tail_and_a_relaunched_finished_run_returns_at_once(tmp_
     assert finished == [30, 30]
     assert failure_evidence(events(tmp_path / "ck"), exclude_session="next").failures == 0
     # Finished means "nothing newer at 30 steps": with more steps (the "steps" config key is
-    # declared ignorable) the run goes on, exactly as one that never stopped.
+    # declared ignorable) the run goes on.
     more = launch(tmp_path, tmp_path / "ck", 40)
     assert lines(more.stdout, "START") == ["30 False"]
     assert lines(more.stdout, "STEP") == [str(s) for s in range(31, 41)]
+    assert step_dirs(tmp_path / "ck") == [checkpoint_name(30), checkpoint_name(40)]
+
+
+@pytest.mark.slow
+def test_a_finished_run_continued_to_more_steps_ends_as_one_that_never_stopped(tmp_path):
+    launch(tmp_path, tmp_path / "ck", 30)
+    more = launch(tmp_path, tmp_path / "ck", 40)
     straight = launch(tmp_path, tmp_path / "straight", 40)
     assert lines(more.stdout, "DIGEST") == lines(straight.stdout, "DIGEST")
 
