@@ -4,10 +4,13 @@ Every function takes ``ax=None`` (a new figure when None) and returns the Axes, 
 be combined into panels. matplotlib is imported lazily (``import simulator`` stays fast) and
 ``save`` writes PNG and SVG side by side with the Agg backend (no display needed).
 
-Controller interval log (``controller_intervals``, ``read_interval_log``): a CSV with the
-header ``step,time_s,interval_s``, or JSON — a list of records, ``{"records": [...]}``, or
-one record per line (JSON lines) — with those keys: the training step, the wall time since
-the run started (s), and the interval the controller chose at that moment (s). Other
+Controller intervals (``controller_intervals``): from the controller's own run log
+(``read_run_log``: a checkpoint directory or its ``runlog.jsonl``; each ``save`` record
+carries the step, the session's running time and the interval chosen then; time runs on
+across restarts, which are marked), or from an interval table (``read_interval_log``): a CSV
+with the header ``step,time_s,interval_s``, or JSON — a list of records, ``{"records":
+[...]}``, or one record per line (JSON lines) — with those keys: the training step, the time
+since the run started (s), and the interval the controller chose at that moment (s). Other
 columns or keys are ignored.
 """
 
@@ -29,6 +32,7 @@ __all__ = [
     "interval_curve",
     "optimum_vs_size",
     "read_interval_log",
+    "read_run_log",
     "save",
     "time_breakdown",
     "tornado",
@@ -224,8 +228,10 @@ def read_interval_log(path: str | Path):
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read interval log {path}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read interval log {path}: {_reason(exc)}") from None
+    if not text.strip():
+        raise InputError(f"{path}: the interval log is empty")
     if path.suffix.lower() in (".json", ".jsonl") or text.lstrip()[:1] in ("[", "{"):
         try:
             data = json.loads(text)
@@ -239,7 +245,11 @@ def read_interval_log(path: str | Path):
     else:
         from io import StringIO
 
-        df = pd.read_csv(StringIO(text))
+        try:
+            df = pd.read_csv(StringIO(text))
+        except ValueError as exc:  # pandas' ParserError and EmptyDataError
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"{path}: not a CSV interval log ({first})") from None
     missing = [c for c in ("step", "time_s", "interval_s") if c not in df]
     if missing:
         raise InputError(
@@ -251,10 +261,80 @@ def read_interval_log(path: str | Path):
     return df.sort_values("time_s").reset_index(drop=True)
 
 
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _is_run_log(path: Path) -> bool:
+    from simulator.controller.runlog import RUNLOG
+
+    return path.is_dir() or path.name == RUNLOG
+
+
+def read_run_log(path: str | Path):
+    """The controller's ``runlog.jsonl`` (or the checkpoint directory holding it) as a
+    DataFrame of step, time_s, interval_s, session: one row per successful save.
+
+    ``time_s`` is training time since the run began: each session's running time, added to
+    the sessions before it (downtime between sessions is not in the log). A save without a
+    recorded interval (a log written before intervals were logged) uses the time since the
+    session's previous save.
+    """
+    import pandas as pd
+
+    # The run log's own reader (torn lines skipped); it never imports torch.
+    from simulator.controller.runlog import RUNLOG, read_events
+
+    path = Path(path)
+    file = path / RUNLOG if path.is_dir() else path
+    if not file.is_file():
+        where = f"no {RUNLOG} in {path}" if path.is_dir() else f"{path} does not exist"
+        raise InputError(f"cannot read the controller's run log: {where}")
+    try:
+        events = read_events(file)
+    except OSError as exc:
+        raise InputError(f"cannot read run log {file}: {_reason(exc)}") from None
+    rows, offset, session, session_end, last_save = [], 0.0, None, 0.0, None
+    for e in events:
+        t = e.get("session_s")
+        if not isinstance(t, int | float) or not np.isfinite(t):
+            continue
+        if e["session"] != session:
+            offset += session_end
+            session, session_end, last_save = e["session"], 0.0, None
+        session_end = max(session_end, float(t))
+        if e["event"] != "save" or e.get("ok") is False or not isinstance(e.get("step"), int):
+            continue
+        interval = e.get("interval_s")
+        if not isinstance(interval, int | float) or not np.isfinite(interval):
+            interval = None if last_save is None else float(t) - last_save
+        last_save = float(t)
+        if interval is not None and interval > 0:
+            rows.append((e["step"], offset + float(t), float(interval), e["session"]))
+    if not rows:
+        raise InputError(
+            f"{file}: no saves with an interval in the run log ({len(events)} records)"
+            if events
+            else f"{file}: the run log is empty or unreadable (no run-log records)"
+        )
+    return pd.DataFrame(rows, columns=["step", "time_s", "interval_s", "session"])
+
+
 def controller_intervals(log, *, reference_s: Mapping[str, float] | None = None, ax=None):
-    """The interval the live controller chose over a run (a step line), with references."""
+    """The interval the live controller chose over a run (a step line), with references.
+
+    ``log``: a checkpoint directory or its ``runlog.jsonl`` (restarts drawn as dotted
+    lines), an interval table file, or a DataFrame with step, time_s, interval_s.
+    """
+    if isinstance(log, str | Path):
+        df = read_run_log(log) if _is_run_log(Path(log)) else read_interval_log(log)
+    else:
+        df = log
     ax = _axes(ax)
-    df = read_interval_log(log) if isinstance(log, str | Path) else log
+    if "session" in df:
+        starts = df.groupby("session", sort=False)["time_s"].min().to_numpy(float)[1:]
+        for i, t in enumerate(starts):
+            ax.axvline(t / 3600.0, color="0.5", ls=":", lw=1, label="restart" if i == 0 else None)
     ax.step(
         df["time_s"] / 3600.0,
         df["interval_s"] / 60.0,

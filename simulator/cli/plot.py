@@ -4,7 +4,8 @@ Kinds: ``interval`` (waste or cost against the interval, with the simulated opti
 closed form), ``size`` (optimum interval against cluster size), ``breakdown`` (where the
 time goes, per policy), ``cost`` (distribution of the run's cost, per policy), ``tornado``
 (sensitivity of the optimum to each input) and ``controller`` (the interval a live run
-chose, from a CSV/JSON log with columns step, time_s, interval_s).
+chose, from the controller's own ``runlog.jsonl``: give its checkpoint directory or the file;
+a CSV/JSON table with columns step, time_s, interval_s works too).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ examples:
   ckptsim plot size --sizes 1024,4096,16384,65536 --out size
   ckptsim plot breakdown --policies young,optimal,fixed:3600,fixed:10800 --out where
   ckptsim plot tornado --factor 2 --out tornado
-  ckptsim plot controller --log run/intervals.csv --out controller
+  ckptsim plot controller --log ckpts/ --out controller
 
 Each writes OUT.png and OUT.svg. Without --scenario the Llama-3 preset is the base."""
 
@@ -51,7 +52,11 @@ def register(subparsers) -> None:
     g.add_argument(
         "--factor", type=positive_float("ratio"), default=2.0, help="tornado: low/high ratio"
     )
-    g.add_argument("--log", metavar="FILE", help="controller plot: interval log (CSV/JSON)")
+    g.add_argument(
+        "--log",
+        metavar="PATH",
+        help="controller plot: a checkpoint directory or its runlog.jsonl (or a CSV/JSON table)",
+    )
     p.set_defaults(func=run)
 
 
@@ -69,7 +74,9 @@ def run(args) -> int:
 
     if args.kind == "controller":
         if not args.log:
-            raise InputError("plot controller needs --log FILE (columns step, time_s, interval_s)")
+            raise InputError(
+                "plot controller needs --log PATH: the checkpoint directory or its runlog.jsonl"
+            )
         ax = plots.controller_intervals(args.log)
     elif args.kind == "size" and args.table:
         ax = plots.optimum_vs_size(_read_table(args.table))

@@ -9,7 +9,7 @@ This package imports torch; the simulation core does not.
 """
 
 from simulator.controller.backend import Backend, LocalBackend
-from simulator.controller.checkpointer import AdaptiveCheckpointer
+from simulator.controller.checkpointer import PREEMPTED_EXIT_CODE, AdaptiveCheckpointer
 from simulator.controller.integrity import (
     CheckpointWriteError,
     CorruptCheckpoint,
@@ -19,6 +19,7 @@ from simulator.controller.integrity import (
 from simulator.controller.storage import LocalStorage, MemoryStorage, Storage
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
     "AdaptiveCheckpointer",
     "Backend",
     "CheckpointWriteError",

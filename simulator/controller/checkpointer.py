@@ -5,28 +5,44 @@ Call :meth:`AdaptiveCheckpointer.restore` once before training and
 against a precomputed due step until a save is due; the interval is recomputed only at save
 time, from the measured save stall and iteration time and the failure-rate posterior (see
 :mod:`simulator.controller.schedule`), and on several ranks rank 0's answer is broadcast then,
-so no collective runs on the other steps.
+so no collective runs on the other steps (with preemption handlers, also at a check point
+about every 5 s of training; every broadcast carries rank 0's preemption flag).
+
+The life cycle: ``close()`` saves the tail (the last step seen, if newer than the last save)
+and records ``finished`` in the run log; a relaunch of a finished run restores that step and
+says so (:attr:`AdaptiveCheckpointer.finished`). A preemption signal (SIGTERM by default) only
+sets a flag; the next ``step()`` saves, records ``preempted`` (not a failure) and exits with
+:data:`PREEMPTED_EXIT_CODE` or, with ``on_preemption="stop"``, returns True. Each save is
+logged on the ``simulator.controller`` logger (INFO) with its step, tier, bytes, stall and the
+next due step.
 
 A save captures the whole run (:mod:`simulator.controller.state`), writes it so that it counts
 only once complete (:mod:`simulator.ckptio`, or temp dir + manifest + rename around a
 distributed backend), then applies retention (:mod:`simulator.controller.storage`). Restore
 takes the newest checkpoint that verifies, warns and falls back past corrupt ones, refuses a
-checkpoint carrying a pickle, and refuses one written with a different configuration.
+checkpoint carrying a pickle, and refuses one written with a different configuration
+(naming every differing key; ``ignore_config_keys`` lists those that may differ).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
+import logging
 import math
+import os
+import signal
 import sys
+import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from simulator import ckptio
 from simulator.controller.backend import Backend, LocalBackend
 from simulator.controller.commit import (
     check_config,
@@ -40,7 +56,7 @@ from simulator.controller.integrity import (
     CorruptCheckpoint,
     IncompatibleCheckpoint,
 )
-from simulator.controller.runlog import RunLog
+from simulator.controller.runlog import RunLog, read_events
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
 from simulator.controller.storage import (
@@ -54,7 +70,25 @@ from simulator.errors import InputError
 from simulator.estimate import FailureRatePosterior
 from simulator.policies import Adaptive, Policy
 
-__all__ = ["AdaptiveCheckpointer"]
+__all__ = ["PREEMPTED_EXIT_CODE", "AdaptiveCheckpointer"]
+
+logger = logging.getLogger("simulator.controller")
+
+PREEMPTED_EXIT_CODE = 75
+"""Exit status after a preemption save (``on_preemption="exit"``): ``EX_TEMPFAIL``.
+
+Not 0, so that SLURM, torchrun and job dependencies (``afterok``) do not take the job as
+finished: torchrun's elastic agent counts a non-zero worker as a failed attempt and restarts
+the group while ``--max-restarts`` allows, and a SLURM job preempted with ``--requeue`` is put
+back in the queue whatever the status. Not 1 (an ordinary crash) nor 128+N (a death by signal
+N, which is what the job would have suffered without the save), so a wrapper script can tell
+"saved, run me again" apart: ``[ $? -eq 75 ] && scontrol requeue $SLURM_JOB_ID``.
+"""
+
+_PREEMPTION_CHECK_S = 5.0
+# On several ranks the signal is acted on at a check point, a step every rank computes the
+# same (from values rank 0 broadcast): about this much training time apart.
+_NEVER = sys.maxsize
 
 
 class AdaptiveCheckpointer:
@@ -70,6 +104,26 @@ class AdaptiveCheckpointer:
     ``config`` is a JSON-able snapshot that a resume must match. ``storage`` must address
     ``directory`` (a :class:`LocalStorage` or a subclass); ``clock`` is injectable for tests;
     ``probe_steps`` steps measure the iteration time before the first interval is chosen.
+
+    Life cycle. ``close()`` (or leaving a ``with`` block normally) saves the last step passed
+    to :meth:`step` if it is newer than the last save and records the run as finished at that
+    step; a relaunch then restores that step and :attr:`finished` is True (it logs "run already
+    finished at step N"), so ``while step < total_steps`` does nothing. Finished only means
+    "nothing newer to do at that step count": relaunched with a larger ``total_steps``
+    (continuing training; declare ``total_steps`` ignorable if ``config`` holds it), the run
+    simply goes on and :attr:`finished` is False. ``ignore_config_keys`` names the ``config``
+    keys that may differ between launches (output paths, total steps, logging); a dotted name
+    (``"data.path"``) reaches into nested dicts, a plain name covers everything under it.
+
+    Preemption. A signal in ``preemption_signals`` (SLURM's ``--signal=USR1@90`` sends USR1;
+    clusters send SIGTERM before the kill) makes the next :meth:`step` save at once and record
+    ``preempted`` in the run log (not a failure). With ``on_preemption="exit"`` it then closes
+    and raises ``SystemExit(PREEMPTED_EXIT_CODE)``; with ``"stop"`` it returns True and
+    :attr:`preempted` is True, and the caller stops and calls ``close(finished=False)``. The
+    handlers are installed only from the main thread, call a previous Python handler too,
+    and are put back at close. On several ranks the save happens at the first check point
+    (about every 5 s of training, a step every rank knows) after rank 0 got the signal, so every
+    rank saves at the same step without a collective on each step.
     """
 
     def __init__(
@@ -95,6 +149,9 @@ class AdaptiveCheckpointer:
         backend: Backend | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe_steps: int = 20,
+        ignore_config_keys: Iterable[str] = (),
+        preemption_signals: Iterable[int] | None = (signal.SIGTERM,),
+        on_preemption: str = "exit",
     ):
         self.root = Path(directory)
         self._objects = dict(
@@ -167,6 +224,7 @@ class AdaptiveCheckpointer:
             probe_steps=probe_steps,
         )
 
+        self._life_cycle_options(total_steps, ignore_config_keys, preemption_signals, on_preemption)
         is_rank0 = self.backend.rank == 0
         self.runlog = RunLog(self.root, enabled=is_rank0)
         if is_rank0:
@@ -189,6 +247,7 @@ class AdaptiveCheckpointer:
         self._planned_due = self._next_due = self.schedule.next_due(0, age_s=0.0)
         self._exit_hook = _exit_hook(weakref.ref(self))
         atexit.register(self._exit_hook)
+        self._install_preemption_handlers()
 
     # -- the hot path -----------------------------------------------------------------------
     @property
@@ -196,24 +255,78 @@ class AdaptiveCheckpointer:
         return self._planned_due
 
     def step(self, step: int) -> bool:
-        """Call after each optimizer step with the number of steps done; True when it saved."""
+        """Call after each optimizer step with the number of steps done; True when it saved.
+
+        After a preemption signal it saves at once; then with ``on_preemption="exit"`` it
+        closes and raises ``SystemExit(PREEMPTED_EXIT_CODE)``, with ``"stop"`` it returns True
+        and :attr:`preempted` is True.
+        """
+        self._last_step = step
         if step < self._next_due:
             return False
         return self._due(step)
 
     def _due(self, step: int) -> bool:
-        self._next_due = self._planned_due
         if self._inflight is not None and self._inflight.done():
             self._finish_inflight()
-        if step < self._planned_due:
+        at_due = step >= self._planned_due
+        if self.backend.world_size == 1:
+            agreed = self._signalled
+        elif self._agreed is None and (at_due or step >= self._check_due):
+            # A check point: every rank is here at this step; rank 0 says if it was signalled.
+            self._broadcast_point(step, None)
+            agreed = self._agreed
+        else:
+            agreed = self._agreed
+        if agreed is not None:
+            return self._preempt(step)
+        self._set_due(self._planned_due)
+        if not at_due:
             return False
         if self.schedule.needs_probe and not self.schedule.needs_first_save:
             self._measure_iterations(step)
             due = self.schedule.next_due(step, age_s=self.clock() - self._session_start)
-            self._planned_due = self._next_due = int(self.backend.broadcast(due))
+            self._set_due(self._broadcast_point(step, due))
+            if self._agreed is not None:
+                return self._preempt(step)
             return False
         self.save(step)
+        if self._agreed is not None:
+            return self._preempt(step)
         return True
+
+    def _set_due(self, due: int) -> None:
+        self._planned_due = int(due)
+        self._next_due = min(self._planned_due, self._check_due)
+        # After the store: a signal or a failed background write landing at any moment still
+        # sends the next step() down the slow path.
+        if self._write_failed or self._signalled is not None:
+            self._next_due = -1
+
+    def _broadcast_point(self, step: int, payload: Any) -> Any:
+        """Rank 0's ``payload`` on every rank, with its preemption state and check cadence.
+
+        Every collective of the checkpointer goes through here, so each one doubles as a
+        preemption check point, and the next check point (``step + k``) is a step every rank
+        computes from the same broadcast value.
+        """
+        rank0 = self.backend.rank == 0
+        mine = (payload, self._signalled if rank0 else None, self._check_steps() if rank0 else 0)
+        payload, signalled, k = self.backend.broadcast(mine)
+        self._check_due = step + int(k) if k else _NEVER
+        if signalled is not None:
+            self._agreed = signalled
+            self._signalled = signalled
+        return payload
+
+    def _check_steps(self) -> int:
+        """Rank 0: steps between preemption check points (0: none, one process needs none)."""
+        if self.backend.world_size == 1 or not self._handlers:
+            return 0
+        iteration_s = self.schedule.iteration.value
+        if not iteration_s:
+            return self.schedule.probe_steps
+        return max(1, int(_PREEMPTION_CHECK_S / iteration_s))
 
     # -- saving -----------------------------------------------------------------------------
     def _measure_iterations(self, step: int) -> None:
@@ -235,7 +348,7 @@ class AdaptiveCheckpointer:
                 step=step, config=self.config, backend=self.backend, **self._objects
             )
             state["controller"] = vars(self.schedule.estimates())
-            if self.async_save:
+            if self.async_save and not self._sync_only:
                 staged = stage(state)
                 self._inflight_step = step
                 self._inflight = self._pool().submit(self._write_in_background, step, staged)
@@ -249,23 +362,61 @@ class AdaptiveCheckpointer:
             self.saves += 1
         session_s = t1 - self._session_start
         self.schedule.update_exposure(session_s)
-        self.runlog.append("save", session_s=session_s, step=step, ok=error is None)
         due = self.schedule.next_due(step, age_s=session_s)
-        due, message = self.backend.broadcast((due, None if error is None else repr(error)))
-        self._planned_due = self._next_due = int(due)
-        if self._write_failed:
-            self._next_due = -1
+        interval_s = self.schedule.interval_s
+        self.runlog.append(
+            "save",
+            session_s=session_s,
+            step=step,
+            ok=error is None,
+            stall_s=round(t1 - t0, 6),
+            interval_s=interval_s if math.isfinite(interval_s) else None,
+            next_due_step=int(due),
+        )
+        due, message = self._broadcast_point(step, (due, None if error is None else repr(error)))
+        self._set_due(due)
         self._mark_step, self._mark_t = step, self.clock()
         if error is not None or message is not None:
+            self._report(step, failed=True)
             raise CheckpointWriteError(
                 f"saving step {step} failed ({error or message}); the previous checkpoint "
                 f"({self._last_good()}) is intact"
             ) from error
+        self._saved_step = step
+        if self.backend.rank == 0:
+            self._report(step, stall_s=t1 - t0, next_due_step=self._planned_due)
+
+    def _report(self, step: int, *, failed: bool = False, **fields) -> None:
+        """Log a save once both halves are known: bytes (at commit) and stall, next due (now).
+
+        An asynchronous write commits in the background, before or after save() returns, so
+        whichever half comes second writes the line.
+        """
+        with self._report_lock:
+            if failed:
+                self._pending_reports.pop(step, None)
+                return
+            pending = self._pending_reports.setdefault(step, {})
+            pending.update(fields)
+            if not {"bytes", "stall_s", "next_due_step"} <= pending.keys():
+                return
+            del self._pending_reports[step]
+        size = pending["bytes"]
+        logger.info(
+            "saved step %d (tier %s): %s bytes, stall %.3f s, next due step %d",
+            step,
+            "persistent",
+            "?" if size is None else f"{size:,}",
+            pending["stall_s"],
+            pending["next_due_step"],
+            extra={"step": step, "tier": "persistent", **pending},
+        )
 
     def _write_in_background(self, step: int, state: dict) -> None:
         try:
             self._write_and_commit(step, state)
         except BaseException:
+            self._report(step, failed=True)
             # Before the future completes: the next step() takes the slow path, which raises
             # the error on the training thread; the fast path stays one compare. The flag
             # covers a failure that lands before save() has stored its next due step.
@@ -305,6 +456,7 @@ class AdaptiveCheckpointer:
         if self.backend.rank == 0:
             self.last_saved_step = step
             self.schedule.write.update(self.clock() - t0)
+            self._report(step, bytes=self._checkpoint_bytes(step))
             try:
                 apply_retention(
                     self.storage,
@@ -343,7 +495,9 @@ class AdaptiveCheckpointer:
                 quarantine(self.storage, name)
                 candidates = [n for n in [self._choose()] if n is not None]
                 continue
-            check_config(self.root / name, state.get("config"), self.config)
+            check_config(
+                self.root / name, state.get("config"), self.config, ignore=self.ignore_config_keys
+            )
             try:
                 step = restore_state(state, backend=self.backend, **self._objects)
             except (KeyError, RuntimeError, ValueError) as exc:
@@ -359,10 +513,13 @@ class AdaptiveCheckpointer:
         self.runlog.append("restore", session_s=now - self._session_start, step=step)
         due = self.schedule.next_due(step, age_s=now - self._session_start)
         self._planned_due = self._next_due = int(self.backend.broadcast(due))
+        self._after_restore(step)
         return step
 
     def _choose(self) -> str | None:
-        return choose_checkpoint(self.root, self.storage, self.config)
+        return choose_checkpoint(
+            self.root, self.storage, self.config, ignore=self.ignore_config_keys
+        )
 
     # -- the rest ---------------------------------------------------------------------------
     @property
@@ -385,32 +542,243 @@ class AdaptiveCheckpointer:
             "saves": self.saves,
             "last_saved_step": self.last_saved_step,
             "resumed_from": self.resumed_from,
+            "finished": self.finished,
+            "preempted": self.preempted,
             "policy": s.policy.name,
         }
 
-    def close(self) -> None:
-        """Wait for a write in flight (raising its error), and record a clean stop."""
+    def close(self, *, finished: bool = True) -> None:
+        """End the session: wait for a write in flight (raising its error), record a clean stop.
+
+        With ``finished`` (the default) the last step passed to :meth:`step` is saved first if
+        it is newer than the last save, and the run log records the run as finished at that
+        step, so a relaunch restores it and returns at once (:attr:`finished`). Pass
+        ``finished=False`` when stopping early to be continued (after a preemption with
+        ``on_preemption="stop"``, a time limit): no final save is forced.
+        """
+        self._close(finished=finished, clean=True)
+
+    def _close(self, *, finished: bool, clean: bool) -> None:
         if self._closed:
             return
-        self._closed = True
-        atexit.unregister(self._exit_hook)
         try:
-            self._finish_inflight()
+            if clean:
+                self._finish_inflight()
+            else:
+                try:  # the training loop crashed: keep its error, report this one
+                    self._finish_inflight()
+                except CheckpointWriteError as exc:
+                    logger.warning("%s", exc)
+            if finished:
+                last = self._last_step
+                if last is not None and (self._saved_step is None or last > self._saved_step):
+                    self.save(last)
+                    self._finish_inflight()
+                if self._saved_step is not None:
+                    self.runlog.append(
+                        "finished",
+                        session_s=self.clock() - self._session_start,
+                        step=self._saved_step,
+                    )
+                    logger.info("run finished at step %d", self._saved_step)
         finally:
+            self._closed = True
+            atexit.unregister(self._exit_hook)
+            self._restore_signal_handlers()
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
-            self.runlog.append("stop", session_s=self.clock() - self._session_start)
+            if clean:
+                self.runlog.append("stop", session_s=self.clock() - self._session_start)
 
     def __enter__(self) -> AdaptiveCheckpointer:
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """A normal exit is :meth:`close`; an exception is not a finished run (no final save).
+
+        An ``Exception`` once training has begun (a step() was seen) leaves no clean stop in
+        the run log, so the next launch counts this session as a failure; an exception before
+        the first step (a refused restore, a bad argument), Ctrl-C and ``SystemExit`` are
+        clean, unfinished stops.
+        """
+        if exc_type is None:
+            self.close()
+        else:
+            crashed = issubclass(exc_type, Exception) and self._last_step is not None
+            self._close(finished=False, clean=not crashed)
+
+    # -- life cycle and preemption ------------------------------------------------------------
+    def _life_cycle_options(self, total_steps, ignore_config_keys, signals, on_preemption) -> None:
+        """Check the life-cycle arguments (before anything is written) and set the state."""
+        if isinstance(ignore_config_keys, str):
+            raise InputError(
+                f"ignore_config_keys takes a collection of key names, e.g. "
+                f"ignore_config_keys=({ignore_config_keys!r},), not one string"
+            )
+        keys = tuple(ignore_config_keys or ())
+        for key in keys:
+            if not isinstance(key, str) or not key:
+                raise InputError(f"ignore_config_keys: each key is a non-empty string, got {key!r}")
+        self.ignore_config_keys = keys
+        if on_preemption not in ("exit", "stop"):
+            raise InputError(f'on_preemption must be "exit" or "stop", got {on_preemption!r}')
+        self.on_preemption = on_preemption
+        if isinstance(signals, int):
+            signals = (signals,)
+        wanted = []
+        for sig in signals or ():
+            try:
+                sig = signal.Signals(sig)
+            except (ValueError, TypeError):
+                raise InputError(f"preemption_signals: {sig!r} is not a signal") from None
+            if sig in (getattr(signal, "SIGKILL", None), getattr(signal, "SIGSTOP", None)):
+                raise InputError(f"preemption_signals: {sig.name} cannot be caught")
+            wanted.append(sig)
+        self.preemption_signals = tuple(dict.fromkeys(wanted))
+        self.total_steps = total_steps
+        self.finished = False
+        """True after restore() when the run had already finished at the step restored."""
+        self.preempted = False
+        """True once a preemption signal made step() save (``on_preemption="stop"``)."""
+        self._last_step: int | None = None
+        self._saved_step: int | None = None  # the same on every rank (last_saved_step: rank 0)
+        self._sync_only = False
+        self._signalled: int | None = None  # set by the signal handler
+        self._agreed: int | None = None  # rank 0's signal, as broadcast: act on it now
+        self._check_due = _NEVER
+        self._handlers: dict[int, Any] = {}
+        self._report_lock = threading.Lock()
+        self._pending_reports: dict[int, dict] = {}
+
+    def _install_preemption_handlers(self) -> None:
+        if not self.preemption_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn(
+                "AdaptiveCheckpointer created outside the main thread: signal handlers can "
+                "only be installed from the main thread, so preemption signals "
+                f"({', '.join(s.name for s in self.preemption_signals)}) are not handled",
+                stacklevel=3,
+            )
+            return
+        ref = weakref.ref(self)
+        for sig in self.preemption_signals:
+            previous = signal.getsignal(sig)
+            handler = _preemption_handler(ref, previous)
+            signal.signal(sig, handler)
+            self._handlers[sig] = (handler, previous)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, (handler, previous) in self._handlers.items():
+            try:
+                if signal.getsignal(sig) is handler:  # someone else's since: leave theirs
+                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            except ValueError:  # closed off the main thread; the handler now passes through
+                pass
+        self._handlers = {}
+
+    def _preempt(self, step: int) -> bool:
+        """Save ``step`` now (unless it is saved), record the preemption, then exit or stop."""
+        signum = self._agreed if self._agreed is not None else self._signalled
+        if self._saved_step != step:
+            self.save(step)
+        self._finish_inflight()
+        name = self._note_preempted(step, signum)
+        if self.on_preemption == "exit":
+            logger.warning(
+                "preempted by %s: saved step %d; exiting with status %d",
+                name,
+                step,
+                PREEMPTED_EXIT_CODE,
+            )
+            self.close(finished=False)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        logger.warning("preempted by %s: saved step %d; stopping", name, step)
+        self._set_due(self._planned_due)
+        return True
+
+    def _note_preempted(self, step: int, signum: int | None) -> str:
+        """Step ``step`` is saved after a preemption signal: record it (not a failure)."""
+        self._signalled = self._agreed = None
+        self.preempted = True
+        name = _signal_name(signum)
+        self.runlog.append(
+            "preempted", session_s=self.clock() - self._session_start, step=step, signal=name
+        )
+        return name
+
+    def _after_restore(self, step: int) -> None:
+        """Agree on whether the run had finished at ``step``, and start the check points."""
+        marked = False
+        if self.backend.rank == 0 and step > 0:
+            marked = any(
+                e["event"] == "finished" and e.get("step") == step
+                for e in read_events(self.runlog.path)
+            )
+        marked = bool(self._broadcast_point(step, marked))
+        self._set_due(self._planned_due)
+        if step > 0:
+            self._saved_step = step
+        self.finished = marked and (self.total_steps is None or step >= self.total_steps)
+        if self.finished:
+            logger.warning("run already finished at step %d: nothing newer to do", step)
+        elif marked:
+            logger.info(
+                "the run had finished at step %d; continuing to total_steps=%d",
+                step,
+                self.total_steps,
+            )
+
+    def _checkpoint_bytes(self, step: int) -> int | None:
+        """The size of the committed checkpoint (its manifest's sum), or None if unreadable."""
+        try:
+            manifest = json.loads(
+                (self.root / checkpoint_name(step) / ckptio.MANIFEST).read_bytes()
+            )
+            return int(sum(entry["bytes"] for entry in manifest["files"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def _signal_name(signum: int | None) -> str:
+    try:
+        return signal.Signals(signum).name
+    except (ValueError, TypeError):
+        return str(signum)
+
+
+def _preemption_handler(ref: weakref.ref, previous) -> Callable:
+    """The handler: only set a flag and send the next step() down the slow path.
+
+    A previous Python handler is called too. Once its checkpointer is closed or gone, the
+    handler passes the signal on as if it had never been installed.
+    """
+
+    def handler(signum, frame):
+        ckpt = ref()
+        live = ckpt is not None and not ckpt._closed
+        if live:
+            ckpt._signalled = signum
+            ckpt._next_due = -1
+        if callable(previous):
+            previous(signum, frame)
+        elif not live and previous in (signal.SIG_DFL, None):
+            # Only when nobody chained on top of this handler: a newer checkpointer that
+            # calls it as its "previous" has taken the signal in hand.
+            if signal.getsignal(signum) is handler:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+    return handler
 
 
 def _exit_hook(ref: weakref.ref) -> Callable[[], None]:
     """Close a checkpointer its script left open when the interpreter exits normally.
 
+    A script that ends normally without ``close()`` is taken as finished (one process): its
+    last step is saved and the run log says finished, exactly as ``close()`` would. On several
+    ranks it is closed unfinished, with no final save: a collective at interpreter exit could
+    hang on a rank that is already gone. After a preemption (``"stop"``) it is not finished.
     Without it a run whose script ends without ``close()`` would be logged as a failure and
     inflate the failure rate of every later run in the directory. An interpreter dying of an
     unhandled exception (``sys.last_value`` set) is left unclosed: that session did fail. A
@@ -423,7 +791,9 @@ def _exit_hook(ref: weakref.ref) -> Callable[[], None]:
         if ckpt is None or ckpt._closed or getattr(sys, "last_value", None) is not None:
             return
         try:
-            ckpt.close()
+            # Python has shut the write threads down by now: a final save is synchronous.
+            ckpt._sync_only = True
+            ckpt.close(finished=ckpt.backend.world_size == 1 and not ckpt.preempted)
         except Exception as exc:  # at exit: report it and let the interpreter go
             print(f"ckptsim: closing the checkpointer at exit failed: {exc}", file=sys.stderr)
 

@@ -13,7 +13,8 @@ At restore, rank 0 walks the checkpoints newest first: temp directories of crash
 a directory without a manifest (never finished, or half-deleted by retention) goes, one that
 fails its checksums is moved aside as ``step-N.corrupt`` with a warning, and the first that
 verifies is the choice — unless it was written under a different configuration, which is
-refused in one line rather than silently resumed.
+refused in one line naming every differing key (keys declared ignorable may differ) rather
+than silently resumed.
 """
 
 from __future__ import annotations
@@ -58,18 +59,56 @@ def normalise_config(config: Mapping[str, Any] | None) -> dict | None:
         raise InputError(f"config must be a JSON-serialisable dict: {exc}") from None
 
 
-def check_config(where: Path, saved: Any, current: dict | None) -> None:
-    """Refuse, in one line naming the first differing key, a checkpoint of another config."""
+def check_config(
+    where: Path, saved: Any, current: dict | None, *, ignore: tuple[str, ...] = ()
+) -> None:
+    """Refuse, in one line naming every differing key, a checkpoint of another configuration.
+
+    Keys in ``ignore`` may differ between launches (``ignore_config_keys``). Nested dicts are
+    compared leaf by leaf under dotted names (``data.path``); ignoring a name ignores every
+    key under it too. A key that itself contains a dot is matched by the same dotted name.
+    """
     if current is None or not isinstance(saved, dict) or saved == current:
         return
-    for key in sorted(set(saved) | set(current)):
-        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
-        if old != new:
-            raise IncompatibleCheckpoint(
-                f"refusing to resume from {where}: it was written with a different "
-                f"configuration ({key}={old!r} in the checkpoint, {new!r} in this run); use "
-                "the same configuration or a new directory"
-            )
+    old, new = _leaves(saved), _leaves(current)
+    differ = [
+        key
+        for key in sorted(set(old) | set(new))
+        if old.get(key, _ABSENT) != new.get(key, _ABSENT)
+        and not any(key == k or key.startswith(k + ".") for k in ignore)
+    ]
+    if not differ:
+        return
+    shown = "; ".join(
+        f"{k}={_shown(old.get(k, _ABSENT))} in the checkpoint, {_shown(new.get(k, _ABSENT))} "
+        "in this run"
+        for k in differ
+    )
+    allow = ", ".join(repr(k) for k in (*ignore, *differ))
+    raise IncompatibleCheckpoint(
+        f"refusing to resume from {where}: it was written with a different configuration "
+        f"({shown}); if these keys may differ between launches, pass "
+        f"ignore_config_keys=({allow},), else use the same configuration or a new directory"
+    )
+
+
+_ABSENT = object()
+
+
+def _shown(value: Any) -> str:
+    return "<absent>" if value is _ABSENT else repr(value)
+
+
+def _leaves(config: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; an empty dict stays a leaf."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, name + "."))
+        else:
+            out[name] = value
+    return out
 
 
 def write_and_commit(
@@ -145,8 +184,11 @@ def quarantine(storage: Storage, name: str) -> None:
         warnings.warn(f"could not move corrupt {name} aside: {exc}", stacklevel=3)
 
 
-def choose_checkpoint(root: Path, storage: Storage, config: dict | None) -> str | None:
-    """Rank 0: the newest checkpoint that verifies and fits ``config``; None when none does."""
+def choose_checkpoint(
+    root: Path, storage: Storage, config: dict | None, *, ignore: tuple[str, ...] = ()
+) -> str | None:
+    """Rank 0: the newest checkpoint that verifies and fits ``config`` (``ignore``: keys that
+    may differ); None when none does."""
     ckptio.remove_stale_temps(root)
     for entry in storage.list():
         if entry.startswith(_OLD + "step-"):
@@ -179,6 +221,7 @@ def choose_checkpoint(root: Path, storage: Storage, config: dict | None) -> str 
             meta = json.loads((root / name / ckptio.META_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             meta = None  # a distributed checkpoint: its config is checked once read
-        check_config(root / name, meta.get("config") if isinstance(meta, dict) else None, config)
+        saved = meta.get("config") if isinstance(meta, dict) else None
+        check_config(root / name, saved, config, ignore=ignore)
         return name
     return None

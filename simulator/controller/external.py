@@ -7,6 +7,8 @@ same schedule, run log and failure-rate posterior that ``AdaptiveCheckpointer.st
 
 from __future__ import annotations
 
+import math
+
 
 class ExternalSaveSchedule:
     """An AdaptiveCheckpointer's schedule, for frameworks that write their own checkpoints.
@@ -25,8 +27,12 @@ class ExternalSaveSchedule:
         self.backend = checkpointer.backend
         self.clock = checkpointer.clock
         self._session_start = self.clock()
-        self.next_due_step = 0
         self._mark_step, self._mark_t = 0, self._session_start
+
+    @property
+    def next_due_step(self) -> int:
+        """The checkpointer's own due step, so its ``stats`` and ``next_due_step`` stay current."""
+        return self.ckpt._planned_due
 
     def _age_s(self) -> float:
         return self.clock() - self._session_start
@@ -38,7 +44,7 @@ class ExternalSaveSchedule:
 
     def _plan(self, step: int) -> int:
         due = self.schedule.next_due(step, age_s=self._age_s())
-        self.next_due_step = int(self.backend.broadcast(due))
+        self.ckpt._set_due(self.ckpt._broadcast_point(step, due))
         self._mark_step, self._mark_t = step, self.clock()
         return self.next_due_step
 
@@ -63,8 +69,26 @@ class ExternalSaveSchedule:
         return self._plan(int(step))
 
     def is_due(self, step: int) -> bool:
-        """True when the framework should save after ``step`` steps (collective only then)."""
-        if step < self.next_due_step:
+        """True when the framework should save after ``step`` steps (collective only then).
+
+        Also True at the first step after a preemption signal (on several ranks: at the first
+        check point after rank 0 got it); :meth:`record_save` then sets ``ckpt.preempted``, and
+        the framework should stop training.
+        """
+        ckpt = self.ckpt
+        if step < ckpt._next_due:
+            return False
+        at_due = step >= ckpt._planned_due
+        if self.backend.world_size > 1 and ckpt._agreed is None:
+            if at_due or step >= ckpt._check_due:
+                ckpt._broadcast_point(step, None)
+        elif self.backend.world_size == 1:
+            ckpt._agreed = ckpt._signalled
+        if ckpt._agreed is not None:
+            self._measure(step)
+            return True
+        ckpt._set_due(ckpt._planned_due)
+        if not at_due:
             return False
         if self.schedule.needs_probe and not self.schedule.needs_first_save:
             # The probe's end: the iteration time is known now, so the interval can be.
@@ -76,18 +100,43 @@ class ExternalSaveSchedule:
 
     def record_save(self, step: int, *, stall_s: float, write_s: float | None = None) -> int:
         """The framework saved after ``step`` steps, stalling ``stall_s``; returns the next due."""
-        self.schedule.stall.update(max(float(stall_s), 0.0))
+        from simulator.controller.checkpointer import logger
+
+        step, stall_s = int(step), max(float(stall_s), 0.0)
+        self.schedule.stall.update(stall_s)
         if write_s is not None:
             self.schedule.write.update(float(write_s))
         self.ckpt.saves += 1
-        self.ckpt.last_saved_step = int(step)
+        self.ckpt.last_saved_step = step
         session_s = self._age_s()
         self.schedule.update_exposure(session_s)
+        preempted_by = self.ckpt._agreed
+        due = self._plan(step)
+        interval_s = self.schedule.interval_s
         self.ckpt.runlog.append(
             "save",
             session_s=session_s,
-            step=int(step),
+            step=step,
             ok=True,
             estimates=vars(self.schedule.estimates()),
+            stall_s=round(stall_s, 6),
+            interval_s=interval_s if math.isfinite(interval_s) else None,
+            next_due_step=due,
         )
-        return self._plan(int(step))
+        if self.backend.rank == 0:
+            logger.info(
+                "saved step %d (tier %s, written by the framework): stall %.3f s, next due step %d",
+                step,
+                "persistent",
+                stall_s,
+                due,
+                extra={
+                    "step": step,
+                    "tier": "persistent",
+                    "stall_s": stall_s,
+                    "next_due_step": due,
+                },
+            )
+        if preempted_by is not None:
+            self.ckpt._note_preempted(step, preempted_by)
+        return due

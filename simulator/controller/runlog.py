@@ -2,10 +2,14 @@
 
 Each process that trains appends JSON lines to ``runlog.jsonl`` in the checkpoint root: a
 ``start`` when it begins (a new session), a ``save`` with the session's running time at each
-save, and a ``stop`` when it closes cleanly. A session that was followed by another start but
-never wrote ``stop`` ended in a failure. Its exposure is its running time up to its last
-record: the minutes between that record and the crash are unknown, and leaving them out errs
-towards a higher failure rate, the safe side for checkpointing.
+save (and the step, its stall, the interval chosen then and the next due step: what
+``ckptsim plot controller`` draws), a ``preempted`` when a preemption signal made it save and
+end, a ``finished`` (with the step) when the run closed as complete, and a ``stop`` when it
+closes cleanly. A session that was followed by another start but wrote neither ``stop`` nor
+``preempted`` ended in a failure: a preemption is the scheduler's doing, not the hardware's.
+Its exposure is its running time up to its last record: the minutes between that record and
+the crash are unknown, and leaving them out errs towards a higher failure rate, the safe side
+for checkpointing.
 
 :func:`failure_evidence` turns the log into (failures, exposure seconds), the observation that
 updates :class:`simulator.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
@@ -30,7 +34,8 @@ class Evidence:
     """What the run log says about past sessions (the current one excluded)."""
 
     failures: int
-    """Sessions that ended without a clean stop and were followed by a restart."""
+    """Sessions that ended without a clean stop or a preemption and were followed by a
+    restart."""
     exposure_s: float
     """Running time of those past sessions, seconds."""
     sessions: int
@@ -68,7 +73,7 @@ def failure_evidence(events: list[dict], *, exclude_session: str | None = None) 
             exposure[sid] = 0.0
             stopped[sid] = False
         exposure[sid] = max(exposure[sid], float(e.get("session_s", 0.0)))
-        if e["event"] == "stop":
+        if e["event"] in ("stop", "preempted"):
             stopped[sid] = True
     # A session is a failure when it did not stop cleanly and something ran after it: the last
     # past session counts too, since the current process is that "something".
