@@ -3,8 +3,9 @@
 ``AdaptiveCheckpointer`` is the entry point; the modules below it are the pieces it composes:
 ``state`` (what a complete state is), ``schedule`` (when the next save is due), ``storage``
 (where checkpoints live, retention), ``integrity`` (when a checkpoint counts, no pickles),
-``runlog`` (the run's record of its own restarts) and ``backend`` (single process or
-torch.distributed). This package imports torch; the simulation core does not.
+``runlog`` (the run's record of its own restarts), ``backend`` (single process or
+torch.distributed) and ``loader`` (a data loader that resumes exactly: ``ckpt.wrap(loader)``).
+This package imports torch; the simulation core does not.
 """
 
 from simulator.controller.backend import Backend, LocalBackend
@@ -15,6 +16,7 @@ from simulator.controller.integrity import (
     IncompatibleCheckpoint,
     UnsafeCheckpoint,
 )
+from simulator.controller.loader import ResumableLoader
 from simulator.controller.storage import LocalStorage, MemoryStorage, Storage
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "LocalBackend",
     "LocalStorage",
     "MemoryStorage",
+    "ResumableLoader",
     "Storage",
     "UnsafeCheckpoint",
 ]
