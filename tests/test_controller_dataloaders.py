@@ -324,3 +324,61 @@ def test_extra_keeps_nested_tensors_and_gives_them_back_after_restore(tmp_path):
     assert torch.equal(got["ys"][1][0], batch["ys"][1][0]) and got["ys"][1][1] == 7
     assert type(got["ys"][1]) is tuple and got["tag"] == "b"
     again.close()
+
+
+def _epochs_of_batches(tmp_path: Path, epochs: int, save_first: bool) -> list[torch.Tensor]:
+    from simulator.controller import AdaptiveCheckpointer
+
+    torch.manual_seed(3)
+    ckpt = AdaptiveCheckpointer(tmp_path, model=torch.nn.Linear(1, 1))
+    loader = ckpt.wrap(torch.utils.data.DataLoader(_dataset(), batch_size=4, shuffle=True))
+    ckpt.restore()
+    if save_first:
+        ckpt.save(0)
+    seen = [x for _ in range(loader.epoch, epochs) for (x,) in loader]
+    ckpt.close()
+    return seen
+
+
+def test_a_save_before_the_first_epoch_resumes_as_the_fresh_start_it_was(tmp_path):
+    _epochs_of_batches(tmp_path / "saved", 0, save_first=True)  # saved, never iterated
+    resumed = _epochs_of_batches(tmp_path / "saved", 2, save_first=False)
+    fresh = _epochs_of_batches(tmp_path / "fresh", 2, save_first=False)
+    assert len(resumed) == len(fresh) == 8
+    assert all(torch.equal(a, b) for a, b in zip(resumed, fresh, strict=True))
+
+
+def _draws_over_epochs(directory: Path, generator: bool, save_at: int, stop_at: int | None):
+    """Batches and a dropout-like draw per step over 3 epochs; stops (unclosed) at stop_at."""
+    from simulator.controller import AdaptiveCheckpointer
+
+    torch.manual_seed(3)  # as a fresh process would
+    g = torch.Generator().manual_seed(9) if generator else None
+    ckpt = AdaptiveCheckpointer(directory, model=torch.nn.Linear(1, 1))
+    data = torch.utils.data.DataLoader(_dataset(), batch_size=4, shuffle=True, generator=g)
+    loader = ckpt.wrap(data)
+    step, seen = ckpt.restore(), []
+    for _ in range(loader.epoch, 3):
+        for (x,) in loader:
+            seen.append((x, torch.rand(2)))
+            step += 1
+            if step == save_at:
+                ckpt.save(step)
+            if step == stop_at:
+                ckpt.close()
+                return seen
+    ckpt.close()
+    return [*seen, (torch.get_rng_state(), g.get_state() if g is not None else None)]
+
+
+@pytest.mark.parametrize("generator", [False, True])
+def test_the_shuffle_and_the_draws_after_it_continue_as_if_never_stopped(tmp_path, generator):
+    # Saved mid-epoch 1 (step 6, 4 per epoch), stopped in epoch 2: the resume redoes epoch 1's
+    # last batches and epoch 2, with the loader's own generator if it has one (whose state at
+    # epoch 1's start is not its seed's).
+    whole = _draws_over_epochs(tmp_path / "whole", generator, save_at=0, stop_at=None)
+    _draws_over_epochs(tmp_path / "cut", generator, save_at=6, stop_at=9)
+    resumed = _draws_over_epochs(tmp_path / "cut", generator, save_at=0, stop_at=None)
+    assert len(resumed) == len(whole) - 6 == 7
+    for a, b in zip(whole[6:], resumed, strict=True):
+        assert all(x is y or torch.equal(x, y) for x, y in zip(a, b, strict=True))

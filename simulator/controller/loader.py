@@ -21,7 +21,8 @@ epoch per ``iter()``, and keeps what an exact resume needs:
   loading and dropping the batches (``"load"``: needed when the dataset draws random numbers
   inside worker processes, whose streams then advance as in the uninterrupted run) — and only
   then are the global RNG states put back to what ``restore()`` set, so the draws of creating
-  the iterator are not taken from the training's stream.
+  the iterator are not taken from the training's stream. (An ``IterableDataset`` has no
+  indices to skip: its served batches are always loaded and dropped.)
 
 A save after the last batch of an epoch resumes into the next epoch: the resumed ``iter()``
 serves nothing and the one after starts epoch ``epoch + 1``. ``persistent_workers=True`` with a
@@ -128,6 +129,18 @@ def _skipping_loader(loader: torch.utils.data.DataLoader, skip: int) -> tuple[An
     )
 
 
+def _iterable_style(loader: Any) -> bool:
+    """An IterableDataset has no indices to skip over: its batches are loaded and dropped."""
+    return isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset)
+
+
+def _length(loader: Any) -> float:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        return float("inf")
+
+
 class ResumableLoader:
     """A data loader that a checkpoint resumes exactly: epoch, position and RNG (see module).
 
@@ -189,7 +202,9 @@ class ResumableLoader:
     def __iter__(self) -> Iterator:
         if self._pending is not None:
             state, self._pending = self._pending, None
-            return self._serve(self._resumed(state))
+            if "epoch_rng" in state:
+                return self._serve(self._resumed(state))
+            self.epoch, self._started = state["epoch"], False  # saved before its first iter()
         if self._started:
             self.epoch += 1
         self._started, self.position = True, 0
@@ -209,7 +224,7 @@ class ResumableLoader:
         """The saved epoch's iterator at the saved position; the RNG as restore() left it."""
         self.epoch, self.position, self._started = state["epoch"], state["position"], True
         self._epoch_rng = state.get("epoch_rng")
-        if not self.stateful and self.position >= len(self.loader):
+        if not self.stateful and self.position >= _length(self.loader):
             return iter(())  # saved after the epoch's last batch: the next iter() moves on
         restored = rng_state()
         try:
@@ -221,7 +236,7 @@ class ResumableLoader:
                 torch.set_rng_state(self._epoch_rng["torch"])
                 for g, s in zip(self._generators(), self._epoch_rng["generators"], strict=True):
                     g.set_state(s)
-            if self.fast_forward == "load":
+            if self.fast_forward == "load" or _iterable_style(self.loader):
                 it = iter(self.loader)
                 for _ in itertools.islice(it, self.position):
                     pass
