@@ -4,7 +4,8 @@
 ``state`` (what a complete state is), ``schedule`` (when the next save is due), ``storage``
 (where checkpoints live, retention), ``integrity`` (when a checkpoint counts, no pickles),
 ``runlog`` (the run's record of its own restarts), ``backend`` (single process or
-torch.distributed) and ``safe_metadata`` (DCP's metadata pickle, read as data, never run).
+torch.distributed), ``safe_metadata`` (DCP's metadata pickle, read as data, never run) and
+``loader`` (a data loader that resumes exactly: ``ckpt.wrap(loader)``).
 This package imports torch; the simulation core does not.
 """
 
@@ -16,6 +17,7 @@ from simulator.controller.integrity import (
     IncompatibleCheckpoint,
     UnsafeCheckpoint,
 )
+from simulator.controller.loader import ResumableLoader
 from simulator.controller.storage import LocalStorage, MemoryStorage, Storage
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "LocalBackend",
     "LocalStorage",
     "MemoryStorage",
+    "ResumableLoader",
     "Storage",
     "UnsafeCheckpoint",
 ]

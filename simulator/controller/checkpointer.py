@@ -56,6 +56,7 @@ from simulator.controller.integrity import (
     CorruptCheckpoint,
     IncompatibleCheckpoint,
 )
+from simulator.controller.loader import ResumableLoader, refuse_unwrapped_loader
 from simulator.controller.runlog import RunLog, read_events
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
@@ -95,8 +96,10 @@ class AdaptiveCheckpointer:
     """Saves a training run's complete state at the interval the policy deems best.
 
     ``directory`` holds the ``step-NNNNNNNN`` checkpoints and ``runlog.jsonl``. The objects
-    (``model``, ``optimizer``, ``scheduler``, ``scaler``, ``dataloader``, each value of
-    ``extra``) need ``state_dict``/``load_state_dict``. ``policy`` defaults to
+    (``model``, ``optimizer``, ``scheduler``, ``scaler``, ``dataloader``) need
+    ``state_dict``/``load_state_dict``; a torch DataLoader goes through :meth:`wrap` instead.
+    A value of ``extra`` is such an object or a plain value (tensors and containers of them),
+    read from :attr:`extra` at each save and put back by :meth:`restore`. ``policy`` defaults to
     :class:`simulator.policies.Adaptive`; the failure-rate prior comes from ``mtbf_h``, else
     ``scenario`` (which also gives ``restart_s`` and the first guess of the save cost), else a
     weak 24 h default. ``keep_last`` checkpoints are kept (at least 2 with ``async_save``)
@@ -153,6 +156,7 @@ class AdaptiveCheckpointer:
         preemption_signals: Iterable[int] | None = (signal.SIGTERM,),
         on_preemption: str = "exit",
     ):
+        refuse_unwrapped_loader(dataloader)
         self.root = Path(directory)
         self._objects = dict(
             model=model,
@@ -520,6 +524,31 @@ class AdaptiveCheckpointer:
         return choose_checkpoint(
             self.root, self.storage, self.config, ignore=self.ignore_config_keys
         )
+
+    # -- data ------------------------------------------------------------------------------
+    def wrap(self, loader, *, fast_forward: str = "indices") -> ResumableLoader:
+        """``loader`` (a torch DataLoader or StatefulDataLoader) made to resume exactly.
+
+        Iterate the result instead of ``loader``, one epoch per ``iter()``; its epoch and
+        position are saved with each checkpoint (see :mod:`simulator.controller.loader`).
+        Call before :meth:`restore`.
+        """
+        if self.resumed_from is not None:
+            raise InputError("call ckpt.wrap(loader) before ckpt.restore()")
+        current = self._objects["dataloader"]
+        if current is not None and not isinstance(current, ResumableLoader):
+            raise InputError(
+                "this checkpointer already saves dataloader=...; one data position per run"
+            )
+        wrapped = ResumableLoader(loader, fast_forward=fast_forward)
+        self._objects["dataloader"] = wrapped
+        return wrapped
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The ``extra`` entries, live: assign a new value (a prefetched batch) before a save;
+        after :meth:`restore` the plain values hold what was saved."""
+        return self._objects["extra"]
 
     # -- the rest ---------------------------------------------------------------------------
     @property

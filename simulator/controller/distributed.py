@@ -10,9 +10,9 @@ is on storage. :class:`DistributedBackend` fills the controller's ``Backend`` se
 * state is written with torch.distributed.checkpoint (DCP): every rank writes its own file into
   the same directory and rank 0 writes DCP's ``.metadata`` after all ranks finished (files are
   fsynced). Tensors that are not sharded are deduplicated (one rank writes them);
-* values that differ per rank (RNG states, data position: ``per_rank_keys``) would be lost to
-  that deduplication, so they are stored under a per-rank namespace and each rank reads back its
-  own;
+* values that differ per rank (RNG states, data position, ``extra`` values such as a prefetched
+  batch: ``per_rank_keys``) would be lost to that deduplication, so they are stored under a
+  per-rank namespace and each rank reads back its own;
 * loading never executes code: DCP would pickle non-tensor values and unpickle them with
   ``weights_only=False``, so they are stored as JSON strings instead (read back with
   ``weights_only=True``), and ``.metadata`` (a pickle by design) is read by
@@ -184,7 +184,7 @@ class DistributedBackend:
         self,
         *,
         group: Any = None,
-        per_rank_keys: tuple[str, ...] = ("rng", "dataloader"),
+        per_rank_keys: tuple[str, ...] = ("rng", "dataloader", "extra"),
         thread_count: int = 1,
     ):
         import torch.distributed as dist

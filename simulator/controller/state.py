@@ -3,7 +3,9 @@
 A run resumes bit-exactly only if everything that shapes its future is saved: the model, the
 optimizer, the LR scheduler, the AMP grad scaler, the data position, the Python, NumPy and torch
 RNG states (CUDA too where present) and the step. :func:`capture_state` gathers them into one
-nested dict; :func:`restore_state` puts them back.
+nested dict; :func:`restore_state` puts them back. An ``extra`` entry is either an object with
+``state_dict``/``load_state_dict`` or a plain value (tensors and containers of them, such as a
+batch prefetched before the step ended), which restore puts back into the ``extra`` mapping.
 
 On disk that dict becomes a flat ``{key: tensor}`` map (for safetensors) plus a JSON tree that
 names the tensors by key (:func:`flatten` / :func:`unflatten`). JSON cannot express tuples,
@@ -36,6 +38,7 @@ from simulator import ckptio
 from simulator.ckptio.layout import shown
 from simulator.controller.integrity import IncompatibleCheckpoint
 from simulator.controller.schedule import Estimates
+from simulator.errors import InputError
 
 __all__ = [
     "UnsupportedState",
@@ -222,10 +225,31 @@ def capture_state(
         if obj is not None:
             state[name] = obj.state_dict()
     if extra:
-        state["extra"] = {k: v.state_dict() for k, v in extra.items()}
+        state["extra"] = {k: _extra_state(k, v) for k, v in extra.items()}
     if config is not None:
         state["config"] = dict(config)
     return state
+
+
+def _has_state(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _extra_state(key: str, value: Any) -> Any:
+    """An ``extra`` entry's state: its ``state_dict()``, or the value itself (tensors, numbers,
+    strings and lists/tuples/dicts of them, e.g. a prefetched batch)."""
+    if _has_state(value):
+        return value.state_dict()
+    try:
+        flatten(value)
+    except UnsupportedState as exc:
+        raise InputError(
+            f"extra[{key!r}] is a {type(value).__name__}: give it state_dict/load_state_dict, "
+            f"or store tensors, numbers, strings and lists/tuples/dicts of them ({exc})"
+        ) from None
+    return value
 
 
 def restore_state(
@@ -272,9 +296,12 @@ def restore_state(
             continue
         with _not_fitting(name):
             obj.load_state_dict(state[name])
-    for key, obj in (extra or {}).items():
-        with _not_fitting(f"extra {key!r}"):
-            obj.load_state_dict(state["extra"][key])
+    for key, obj in list((extra or {}).items()):
+        if _has_state(obj):
+            with _not_fitting(f"extra {key!r}"):
+                obj.load_state_dict(state["extra"][key])
+        else:  # a value (a prefetched batch): the saved one replaces it
+            extra[key] = state["extra"][key]
     set_rng_state(state["rng"])
     return state["step"]
 
