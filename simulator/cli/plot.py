@@ -9,7 +9,14 @@ chose, from a CSV/JSON log with columns step, time_s, interval_s).
 
 from __future__ import annotations
 
-from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.cli.common import (
+    add_scenario_flags,
+    positive_float,
+    positive_int,
+    require_failure_rate,
+    require_work,
+    scenario_from_args,
+)
 from simulator.errors import InputError
 
 KINDS = ("interval", "size", "breakdown", "cost", "tornado", "controller")
@@ -23,7 +30,8 @@ examples:
   ckptsim plot tornado --factor 2 --out tornado
   ckptsim plot controller --log run/intervals.csv --out controller
 
-Each writes OUT.png and OUT.svg. Without --scenario the Llama-3 preset is the base."""
+Each writes OUT.png and OUT.svg. The job is --scenario with the flags over it; without
+--scenario the flags alone describe it; with neither, the embedded Llama-3 preset."""
 
 
 def register(subparsers) -> None:
@@ -74,9 +82,10 @@ def run(args) -> int:
     elif args.kind == "size" and args.table:
         ax = plots.optimum_vs_size(_read_table(args.table))
     else:
-        from simulator.cli.sweep import base_scenario
-
-        ax = _from_scenario(args, base_scenario(args))
+        scenario = scenario_from_args(args)
+        require_failure_rate(scenario)
+        require_work(scenario, f"plot {args.kind}")
+        ax = _from_scenario(args, scenario)
     for path in plots.save(ax, args.out):
         print(path)
     return 0
