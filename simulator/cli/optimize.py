@@ -23,12 +23,13 @@ from simulator.errors import InputError
 
 DESCRIPTION = """\
 How often should this job checkpoint? Given the cluster's failure rate (a system MTBF, or
-GPUs and a per-GPU MTBF), the training stall of one save (δ) and the time to restart (R),
-print the interval that minimises expected wall time, and set the classic estimates (Young
-1974, Daly 2006) and the usual defaults (every 30 min, hourly, every 3 h, every 500 or 1000
-steps) beside it: waste, expected wall time for --work-h hours of compute, and money lost per
-day at --usd-per-gpu-hour. The formulas assume exponential (memoryless) failures; for Weibull
-or measured failure models, check the answer with `ckptsim simulate`."""
+GPUs and a per-GPU MTBF, plus a per-node MTBF if nodes fail too), the training stall of one
+save (δ) and the time to restart (R), print the interval that minimises expected wall time,
+and set the classic estimates (Young 1974, Daly 2006) and the usual defaults (every 30 min,
+hourly, every 3 h, every 500 or 1000 steps) beside it: waste, expected wall time for --work-h
+hours of compute, and money lost per day at --usd-per-gpu-hour. The formulas assume
+exponential (memoryless) failures; for Weibull or measured failure models, check the answer
+with `ckptsim simulate`."""
 
 EPILOG = """\
 examples:

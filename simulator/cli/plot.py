@@ -106,7 +106,7 @@ def _read_table(path):
 
 def _from_scenario(args, scenario):
     from simulator import optimize, plots
-    from simulator.sweep import optimum_table, sensitivity
+    from simulator.sweep import SENSITIVITY_INPUTS, optimum_table, sensitivity
 
     if args.kind == "interval":
         res = optimize.optimize_by_simulation(
@@ -123,7 +123,11 @@ def _from_scenario(args, scenario):
         df = optimum_table(scenario, "gpus", sizes, replicas=args.replicas, seed=args.seed)
         return plots.optimum_vs_size(df)
     if args.kind == "tornado":
-        base, df = sensitivity(scenario, factor=args.factor, replicas=args.replicas, seed=args.seed)
+        # The inputs this job sets: a job from flags alone may leave out its price or size.
+        inputs = [i for i in SENSITIVITY_INPUTS if i == "mtbf" or getattr(scenario, i) is not None]
+        base, df = sensitivity(
+            scenario, factor=args.factor, inputs=inputs, replicas=args.replicas, seed=args.seed
+        )
         return plots.tornado(df, base)
     specs, pols = _policies(args.policies)
     out = optimize.evaluate(scenario, pols, replicas=args.replicas, seed=args.seed)
