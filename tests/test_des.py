@@ -336,7 +336,8 @@ def test_adaptive_in_the_des_sees_a_job_level_lifetime_without_a_gpu_count():
     }
     saves = {p: r["checkpoints"].to_numpy() for p, r in runs.items()}
     waste = {p: r["waste_fraction"].to_numpy() for p, r in runs.items()}
-    # Same failures for both (common random numbers): fewer saves and less waste, every time.
+    # Same failures for both (common random numbers): fewer saves, and less waste by far
+    # more than the paired noise.
     assert saves["adaptive"].mean() < 0.88 * saves["optimal"].mean()
     d = waste["optimal"] - waste["adaptive"]
     assert d.mean() > 4 * d.std(ddof=1) / math.sqrt(d.size)
