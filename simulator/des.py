@@ -23,6 +23,7 @@ the tests check. The job ends when all work is done and saved (the last segment 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -34,18 +35,10 @@ from simulator.failures import parse_failure
 from simulator.policies import Policy, PolicyContext
 from simulator.scenario import Scenario
 
-__all__ = ["MAX_WALL_FACTOR", "ClusterJob", "failure_source_for", "job_mtbf_s"]
+__all__ = ["MAX_WALL_FACTOR", "ClusterJob", "failure_source_for"]
 
 MAX_WALL_FACTOR = 1000.0
 """A replica that needs more than this many times its work in wall time is declared stuck."""
-
-
-def job_mtbf_s(scenario: Scenario) -> float:
-    """Long-run mean time between failures that stop the job (GPU and node failures), seconds."""
-    rate = 1.0 / scenario.system_mtbf_s
-    if scenario.node_mtbf_h is not None:
-        rate += scenario.nodes / (scenario.node_mtbf_h * 3600.0)
-    return 1.0 / rate
 
 
 def failure_source_for(
@@ -60,9 +53,9 @@ def failure_source_for(
         gpus = ComponentFailures(
             scenario.gpu_lifetime(), scenario.gpus, gpu_rng, stationary=stationary
         )
-    if scenario.node_mtbf_h is None:
+    node_life = scenario.node_lifetime()
+    if node_life is None:
         return gpus
-    node_life = parse_failure(scenario.failure, scenario.node_mtbf_h * 3600.0)
     nodes = ComponentFailures(node_life, scenario.nodes, node_rng, stationary=stationary)
     return MergedFailures(gpus, nodes)
 
@@ -95,13 +88,11 @@ class ClusterJob:
             if scenario.spares is not None
             else None
         )
-        self._ctx = dict(
-            checkpoint_s=self.stall_s,
-            restart_s=scenario.recovery_s,
-            mtbf_s=job_mtbf_s(scenario) if scenario.has_mtbf else math.inf,
-            component=scenario.gpu_lifetime() if scenario.gpus and scenario.has_mtbf else None,
-            n_components=scenario.gpus or 1,
-        )
+        # What the policy sees, less its age (set at each decision): built where every
+        # engine builds it, so the DES's policies know what the fast engine's know.
+        ctx = PolicyContext.from_scenario(scenario)
+        self._ctx = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
+        del self._ctx["age_s"]
         # Job state: progress, the progress in the last completed checkpoint, buckets.
         self.done_s = 0.0
         self.committed_s = 0.0

@@ -24,7 +24,8 @@ Failure processes:
   (``stationary``: the long-run rate the scenario's MTBF describes) or all new at t = 0.
 
 Policies see ``age_s`` = time since the last failure when an epoch starts (0 at the first
-start, R after each restart), with ``component``/``n_components`` set to the process above.
+start, R after each restart), and otherwise what ``PolicyContext.from_scenario`` gives (the DES
+calls it too), its component model the process above.
 As in the DES the final state is saved too, and lost time counts compute only (a save cut
 short by a failure counts as checkpoint time).
 Their schedule is evaluated until it settles (relative change < 1e-6) or passes the longest
@@ -359,16 +360,12 @@ def simulate_policies(
     if work <= 0:
         raise InputError("the scenario needs work_h (failure-free compute, hours) to simulate")
     process = resolve_process(scenario, process)
-    delta, restart, mtbf = scenario.checkpoint_write_s, scenario.recovery_s, scenario.system_mtbf_s
-    if process == "system":
-        # The job as one renewing unit; the DES gives policies no component model here only
-        # because it has no GPU count, so ``system`` passes the job's own lifetime.
-        component, n = scenario.system_lifetime(), 1
-    else:
-        component, n = scenario.gpu_lifetime(), scenario.gpus
-    ctx = PolicyContext(
-        checkpoint_s=delta, restart_s=restart, mtbf_s=mtbf, component=component, n_components=n
-    )
+    if not scenario.has_mtbf:  # the horizon and the policies need the job's rate
+        raise InputError("no failure rate: give mtbf_h, or gpus and gpu_mtbf_h")
+    # The ``system`` process renews the whole job at each failure: its policies see the job's
+    # own lifetime, as the DES's do when the GPU count is unknown.
+    ctx = PolicyContext.from_scenario(scenario, whole_job=process == "system")
+    delta, restart, mtbf = ctx.checkpoint_s, ctx.restart_s, ctx.mtbf_s
     seeds = replica_seeds(seed, replicas)
     # Draw failures far enough ahead for the slowest policy: Daly's expected wall time at
     # each policy's first interval, with margin (a replica that still outruns it is redrawn).

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 import numpy as np
 import pandas as pd
 
-from simulator.des import ClusterJob, failure_source_for, job_mtbf_s
+from simulator.des import ClusterJob, failure_source_for
 from simulator.errors import InputError
 from simulator.policies import Policy, make_policy
 from simulator.results import SimulationResult
@@ -156,7 +156,7 @@ def simulate(
     meta = {
         "gpus": scenario.gpus,
         "work_h": scenario.work_h,
-        "mtbf_h": job_mtbf_s(scenario) / HOUR if scenario.has_mtbf else None,
+        "mtbf_h": scenario.system_mtbf_s / HOUR if scenario.has_mtbf else None,
         "failure": scenario.failure if failure_times is None else "trace",
         "checkpoint_stall_s": scenario.save_stall_s,
         "recovery_s": scenario.recovery_s,

@@ -34,7 +34,15 @@ from scipy import optimize, stats
 
 from simulator import analytic, fastmc
 from simulator.errors import InputError
-from simulator.policies import Adaptive, Daly, ExactOptimal, FixedInterval, Policy, Young
+from simulator.policies import (
+    Adaptive,
+    Daly,
+    ExactOptimal,
+    FixedInterval,
+    Policy,
+    PolicyContext,
+    Young,
+)
 from simulator.results import mean_ci
 from simulator.scenario import Scenario
 
@@ -374,14 +382,6 @@ def optimize_by_simulation(
 
 def _first_interval(policy: Policy, scenario: Scenario) -> float:
     """The policy's first interval after a restart, for display."""
-    from simulator.policies import PolicyContext
-
-    ctx = PolicyContext(
-        checkpoint_s=scenario.save_stall_s,
-        restart_s=scenario.recovery_s,
-        mtbf_s=scenario.system_mtbf_s,
-        age_s=scenario.recovery_s,
-        component=scenario.gpu_lifetime() if scenario.gpus else None,
-        n_components=scenario.gpus or 1,
+    return float(
+        policy.next_interval_s(PolicyContext.from_scenario(scenario, age_s=scenario.recovery_s))
     )
-    return float(policy.next_interval_s(ctx))

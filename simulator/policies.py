@@ -5,6 +5,11 @@ the current estimate of the failure rate, and the time since the last restart �
 time until the next save. The simulator (``simulator.des``) and the live-training controller
 (``simulator.controller``) call the very same objects, so what is simulated is what runs.
 Policies are pure: no SimPy, no torch, no clocks.
+
+What a policy sees is a ``PolicyContext``; ``PolicyContext.from_scenario`` is the one place a
+scenario becomes one (both engines and the optimiser call it), so a rule about what a policy
+knows — the job's rate with node failures, the job-level lifetime when the GPU count is
+unknown — is written once.
 """
 
 from __future__ import annotations
@@ -12,13 +17,16 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from simulator import analytic
 from simulator.errors import InputError
 from simulator.failures import Exponential, Lifetime, Weibull
+
+if TYPE_CHECKING:
+    from simulator.scenario import Scenario
 
 __all__ = [
     "POLICY_NAMES",
@@ -50,6 +58,39 @@ class PolicyContext:
     """Per-component lifetime model, for hazard-aware policies (None: exponential at mtbf_s)."""
     n_components: int = 1
     """Number of components whose failures stop the job."""
+    other_rate_per_s: float = 0.0
+    """Long-run rate of the failures ``component`` does not model (node-level ones), per second.
+
+    Hazard-aware policies add it to the components' rate; ``mtbf_s`` already includes it."""
+
+    @classmethod
+    def from_scenario(
+        cls, scenario: Scenario, *, age_s: float = 0.0, whole_job: bool = False
+    ) -> PolicyContext:
+        """What a policy sees of ``scenario``, at ``age_s`` seconds since the last (re)start.
+
+        δ is the training stall of one save, R the whole recovery, M the job's MTBF with every
+        failure source (``Scenario.system_mtbf_s``). The component model is each GPU's lifetime
+        when ``gpus`` is known, the node-level failures riding on top as ``other_rate_per_s``;
+        without ``gpus`` it is the job's own lifetime (the job renews as one unit), which is
+        also what ``whole_job`` asks for. Without a failure rate, M is infinite and there is
+        no component: only a fixed interval can decide.
+        """
+        base = dict(checkpoint_s=scenario.save_stall_s, restart_s=scenario.recovery_s, age_s=age_s)
+        if not scenario.has_mtbf:
+            return cls(mtbf_s=math.inf, **base)
+        if scenario.gpus is None or whole_job:
+            component, n, other = scenario.system_lifetime(), 1, 0.0
+        else:
+            component, n = scenario.gpu_lifetime(), scenario.gpus
+            other = scenario.node_failure_rate_per_s
+        return cls(
+            mtbf_s=scenario.system_mtbf_s,
+            component=component,
+            n_components=n,
+            other_rate_per_s=other,
+            **base,
+        )
 
 
 @runtime_checkable
@@ -192,7 +233,8 @@ class Adaptive:
     and the other n − 1 are in their long-run state, failing at (n − 1)/mean together; on a
     large cluster this is close to exponential, as the superposition of many renewal processes
     is. ``"all"``: every part is new at a restart (one component, or a job that lands on a
-    fresh allocation), the system rate is n·h(age).
+    fresh allocation), the system rate is n·h(age). Failures outside the component model
+    (``ctx.other_rate_per_s``: node-level ones) add their long-run rate either way.
     """
 
     bound: float = 10.0
@@ -218,6 +260,7 @@ class Adaptive:
             rate = ctx.n_components * dh / interval_s
         else:
             rate = dh / interval_s + (ctx.n_components - 1) / ctx.component.mean_s
+        rate += ctx.other_rate_per_s
         lo, hi = ctx.mtbf_s / self.bound, ctx.mtbf_s * self.bound
         return float(min(max(1.0 / rate if rate > 0 else math.inf, lo), hi))
 

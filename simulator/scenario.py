@@ -4,7 +4,9 @@ A scenario is a frozen dataclass, read from a flat TOML file whose keys are the 
 (``gpus = 16384``, ``gpu_mtbf_h = 50677``); command-line flags override file values. Presets
 (Llama 3, OPT-175B, BLOOM-176B, Titan) are TOML files shipped in ``simulator/presets/`` with
 their sources in comments; ``load_scenario("llama3")`` reads one by name.
-Field names carry their units; ``*_s`` properties give SI seconds.
+Field names carry their units; ``*_s`` properties give SI seconds. The job's failure rate is
+derived in one place, ``Scenario.failure_rate_per_s`` (GPU and node-level failures), which
+``system_mtbf_s`` inverts; closed forms, engines and the controller's prior all read it.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class Scenario:
     gpu_mtbf_h: float | None = None
     """Mean time between failures of one GPU, hours (system MTBF = this / gpus)."""
     mtbf_h: float | None = None
-    """Mean time between failures of the whole job, hours; exclusive with ``gpu_mtbf_h``."""
+    """Mean time between failures of the whole job, hours, every cause included; exclusive with
+    ``gpu_mtbf_h`` and ``node_mtbf_h`` (which build the job's rate from its parts)."""
     checkpoint_s: float = 60.0
     """Training stall of one checkpoint save, seconds (δ)."""
     restart_s: float = 600.0
@@ -91,7 +94,8 @@ class Scenario:
     read_bytes_per_s: float | None = None
     """Aggregate bandwidth at which a restarted job loads its checkpoint, bytes per second."""
     node_mtbf_h: float | None = None
-    """Mean time between node-level failures (host, NIC, power) of one node, hours."""
+    """Mean time between node-level failures (host, NIC, power) of one node, hours; these come
+    on top of the GPUs' failures (a node of ``gpus_per_node`` GPUs fails as a whole)."""
     component_age: str = "stationary"
     """Component ages at job start: ``stationary`` (a cluster long in service) or ``new``."""
 
@@ -151,6 +155,11 @@ class Scenario:
             )
         if self.node_mtbf_h is not None and self.gpus is None:
             raise InputError("node_mtbf_h (per-node MTBF) needs gpus to count the nodes")
+        if self.node_mtbf_h is not None and self.mtbf_h is not None:
+            raise InputError(
+                "mtbf_h is the whole job's MTBF, node failures included; to add node_mtbf_h "
+                "give the GPUs' rate as gpu_mtbf_h instead"
+            )
         nodes = self.nodes
         if self.writer_nodes is not None and nodes is not None and self.writer_nodes > nodes:
             raise InputError(f"writer_nodes ({self.writer_nodes}) exceeds the job's {nodes} nodes")
@@ -161,22 +170,45 @@ class Scenario:
         return self.mtbf_h is not None or self.gpu_mtbf_h is not None
 
     @property
-    def system_mtbf_s(self) -> float:
-        """Long-run mean time between failures of the job, seconds."""
+    def failure_rate_per_s(self) -> float:
+        """Long-run rate of the failures that stop the job, per second.
+
+        The one place the job's rate is derived: the GPUs' rate (``gpus / gpu_mtbf_h``, or the
+        job-level ``mtbf_h``) plus the nodes' (``nodes / node_mtbf_h``). Each part is a
+        superposition of renewal processes, whose long-run rate is count / mean whatever the
+        lifetime family (renewal theorem, ``failures.long_run_rate``), so the sum holds for
+        every family. The
+        closed forms, both engines, the policies' context and the controller's prior read it.
+        """
+        return self.gpu_failure_rate_per_s + self.node_failure_rate_per_s
+
+    @property
+    def gpu_failure_rate_per_s(self) -> float:
+        """Long-run rate of GPU failures (or of all failures, given ``mtbf_h``), per second."""
         if self.mtbf_h is not None:
-            return self.mtbf_h * 3600.0
+            return 1.0 / (self.mtbf_h * 3600.0)
         if self.gpu_mtbf_h is not None:
-            return self.gpu_mtbf_h * 3600.0 / self.gpus
+            return self.gpus / (self.gpu_mtbf_h * 3600.0)
         raise InputError("no failure rate: give mtbf_h, or gpus and gpu_mtbf_h")
 
     @property
+    def node_failure_rate_per_s(self) -> float:
+        """Long-run rate of node-level failures, per second (0 without ``node_mtbf_h``)."""
+        return 0.0 if self.node_mtbf_h is None else self.nodes / (self.node_mtbf_h * 3600.0)
+
+    @property
+    def system_mtbf_s(self) -> float:
+        """Long-run mean time between failures of the job (GPU and node failures), seconds."""
+        return 1.0 / self.failure_rate_per_s
+
+    @property
     def gpu_mtbf_s(self) -> float:
-        """Mean lifetime of one GPU, seconds (from the system MTBF when only that is given)."""
+        """Mean lifetime of one GPU, seconds (from the job's MTBF when only that is given)."""
         if self.gpu_mtbf_h is not None:
             return self.gpu_mtbf_h * 3600.0
         if self.gpus is None:
             raise InputError("a per-GPU failure model needs gpus")
-        return self.system_mtbf_s * self.gpus
+        return self.gpus / self.gpu_failure_rate_per_s
 
     @property
     def nodes(self) -> int | None:
@@ -227,16 +259,25 @@ class Scenario:
         """The job's time-between-failures model when the cluster is treated as one unit."""
         return parse_failure(self.failure, self.system_mtbf_s)
 
+    def node_lifetime(self) -> Lifetime | None:
+        """The lifetime of one node against node-level failures (None without node_mtbf_h)."""
+        if self.node_mtbf_h is None:
+            return None
+        return parse_failure(self.failure, self.node_mtbf_h * 3600.0)
+
     # -- construction -------------------------------------------------------------------
     def with_overrides(self, **overrides: Any) -> Scenario:
         """A copy with the given non-None fields replaced (command-line flags over a file).
 
         Setting one of ``mtbf_h``/``gpu_mtbf_h`` clears the other, so a flag can switch
-        a file's per-GPU rate to a system rate.
+        a file's per-GPU rate to a system rate; ``mtbf_h`` (every cause) clears the file's
+        ``node_mtbf_h`` too.
         """
         given = {k: v for k, v in overrides.items() if v is not None}
         if "mtbf_h" in given and "gpu_mtbf_h" not in given:
             given["gpu_mtbf_h"] = None
+        if "mtbf_h" in given and "node_mtbf_h" not in given:
+            given["node_mtbf_h"] = None
         if "gpu_mtbf_h" in given and "mtbf_h" not in given:
             given["mtbf_h"] = None
         return dataclasses.replace(self, **given)

@@ -234,3 +234,45 @@ def test_saves_so_slow_that_the_expected_wall_time_overflows_still_answer(capsys
     assert "cannot keep up" in err
     code, out, _ = run_cli(capsys, "--mtbf-h", "0.001", "--checkpoint-s", "3000", "--work-h", "1")
     assert code == 0 and "inf" in out
+
+
+NODE_JOB = [
+    "--gpus", "2048", "--gpus-per-node", "16", "--gpu-mtbf-h", "100000", "--node-mtbf-h", "10000",
+    "--checkpoint-s", "60", "--restart-s", "600", "--work-h", "500",
+]  # fmt: skip
+
+
+def test_node_failures_shorten_the_mtbf_and_the_interval_it_recommends(capsys, tmp_path):
+    got, _ = run_json(capsys, *NODE_JOB)
+    # 2,048 GPUs at 100,000 h and 128 nodes at 10,000 h: rates add (exponential superposition).
+    mtbf_h = 1 / (2048 / 100_000 + 128 / 10_000)
+    assert got["system_mtbf_h"] == pytest.approx(mtbf_h) and 30.0 < mtbf_h < 30.1
+    assert got["optimal_interval_s"] == pytest.approx(
+        analytic.optimal_interval(60.0, mtbf_h * HOUR)
+    )
+    assert got["optimal_interval_s"] / HOUR == pytest.approx(0.99, abs=0.01)  # was 1.26 h
+    assert got["young_interval_s"] == pytest.approx(analytic.young_interval(60.0, mtbf_h * HOUR))
+    # The same job from a file gives the same answer, and the header names both rates.
+    path = tmp_path / "nodes.toml"
+    path.write_text(
+        "gpus = 2048\ngpus_per_node = 16\ngpu_mtbf_h = 100000.0\nnode_mtbf_h = 10000.0\n"
+        "checkpoint_s = 60.0\nrestart_s = 600.0\nwork_h = 500.0\n"
+    )
+    from_file, _ = run_json(capsys, "--scenario", str(path))
+    assert from_file["optimal_interval_s"] == pytest.approx(got["optimal_interval_s"])
+    code, out, _ = run_cli(capsys, "--scenario", str(path))
+    assert code == 0 and "system MTBF 30.05 h (per GPU 100,000 h, per node 10,000 h)" in out
+
+
+def test_an_asynchronous_save_from_flags_stalls_for_its_staging_copy(capsys):
+    got, _ = run_json(capsys, "--mtbf-h", "5", "--checkpoint-s", "400", "--staging-s", "5")
+    assert got["checkpoint_s"] == 5.0
+    assert got["optimal_interval_s"] == pytest.approx(analytic.optimal_interval(5.0, 5 * HOUR))
+    # Bytes and bandwidths set the write time, and a read bandwidth the load added to R.
+    got, _ = run_json(
+        capsys, "--gpus", "64", "--gpu-mtbf-h", "6400", "--checkpoint-bytes", "1e12",
+        "--write-bytes-per-s-per-node", "2e9", "--storage-bytes-per-s", "1e10",
+        "--read-bytes-per-s", "4e10", "--restart-s", "300",
+    )  # fmt: skip
+    assert got["checkpoint_s"] == pytest.approx(1e12 / 1e10)  # 8 nodes x 2 GB/s > the 10 GB/s cap
+    assert got["restart_s"] == pytest.approx(300 + 1e12 / 4e10)

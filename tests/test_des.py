@@ -304,3 +304,44 @@ def test_a_job_that_cannot_make_headway_is_reported_not_run_forever():
     scenario = Scenario(mtbf_h=60 / HOUR, checkpoint_s=600.0, restart_s=600.0, work_h=0.05)
     with pytest.raises(InputError, match="headway"):
         run_replica(scenario, FixedInterval(3600.0), 0)
+
+
+# -- what the DES's policies see --------------------------------------------------------
+def test_adaptive_in_the_des_counts_node_failures_in_the_jobs_rate():
+    # Exponential GPUs and nodes: the job's failures are Poisson at the summed rate (30 h
+    # MTBF), so the hazard-aware policy must save exactly as the exact optimum does; seeing
+    # only the GPUs' rate (48.8 h) it saved every 1.26 h instead of every 59 min.
+    scenario = Scenario(gpus=2048, gpus_per_node=16, gpu_mtbf_h=1e5, node_mtbf_h=1e4, work_h=100.0)
+    adaptive = run_replica(scenario, "adaptive", 4)
+    optimal = run_replica(scenario, "optimal", 4)
+    assert adaptive["failures"] > 0
+    assert adaptive["checkpoints"] == optimal["checkpoints"]
+    assert adaptive["wall_h"] == pytest.approx(optimal["wall_h"], rel=1e-9)
+    tau = analytic.optimal_interval(60.0, scenario.system_mtbf_s)
+    assert optimal["checkpoints"] == pytest.approx(100 * HOUR / tau, abs=6)
+
+
+def test_adaptive_in_the_des_sees_a_job_level_lifetime_without_a_gpu_count():
+    # Only the job's MTBF and its Weibull(0.5) shape are known. The DES is the reference, so
+    # it must give the hazard-aware policy that lifetime, and agree with the fast engine.
+    from simulator import fastmc
+    from simulator.policies import Adaptive
+
+    scenario = Scenario(
+        mtbf_h=4.0, failure="weibull:shape=0.5", checkpoint_s=600.0, restart_s=600.0, work_h=400.0
+    )
+    runs = {
+        p: simulate(scenario, p, replicas=30, seed=11, workers=1, progress=False).records
+        for p in ("optimal", "adaptive")
+    }
+    saves = {p: r["checkpoints"].to_numpy() for p, r in runs.items()}
+    waste = {p: r["waste_fraction"].to_numpy() for p, r in runs.items()}
+    # Same failures for both (common random numbers): fewer saves, and less waste by far
+    # more than the paired noise.
+    assert saves["adaptive"].mean() < 0.88 * saves["optimal"].mean()
+    d = waste["optimal"] - waste["adaptive"]
+    assert d.mean() > 4 * d.std(ddof=1) / math.sqrt(d.size)
+    fast = fastmc.simulate_policies(scenario, [Adaptive()], replicas=400, seed=12).arrays
+    f = fast["checkpoints"][0]
+    se = math.hypot(saves["adaptive"].std(ddof=1) / math.sqrt(30), f.std(ddof=1) / 20.0)
+    assert abs(saves["adaptive"].mean() - f.mean()) < 4 * se

@@ -69,3 +69,30 @@ def test_bad_search_settings_are_one_line_input_errors():
         optimize.optimize_parameter(SMALL, FixedInterval, (10.0, 5.0))
     with pytest.raises(InputError, match="objective"):
         optimize.optimize_parameter(SMALL, FixedInterval, (10.0, 50.0), objective="speed")
+
+
+def test_with_node_failures_the_closed_form_interval_is_the_simulated_optimum():
+    # Node failures make half the job's failures here (job MTBF 3.3 h; the GPUs alone: 10 h).
+    # The DES simulates both; the closed form, given the job's whole rate, lands on its
+    # optimum, where the GPU-only rate would have said 34 min.
+    s = Scenario(
+        gpus=64,
+        gpu_mtbf_h=640.0,
+        node_mtbf_h=40.0,
+        checkpoint_s=60.0,
+        restart_s=300.0,
+        work_h=200.0,
+    )
+    closed = analytic.optimal_interval(60.0, s.system_mtbf_s)
+    gpu_only = analytic.optimal_interval(60.0, 10 * 3600.0)
+    found = optimize.optimize_parameter(
+        s, FixedInterval, (closed / 4, closed * 4), replicas=30, coarse=9, fine=7, bootstrap=100
+    )
+    assert found.engine == "des"
+    assert abs(found.value / closed - 1) < 0.08
+    assert abs(found.value / gpu_only - 1) > 0.3
+    # The baselines that optimize_by_simulation reports see the same rate.
+    assert optimize._first_interval(optimize.Young(), s) == pytest.approx(
+        analytic.young_interval(60.0, s.system_mtbf_s)
+    )
+    assert optimize._first_interval(optimize.Adaptive(), s) == pytest.approx(closed, rel=1e-6)

@@ -127,3 +127,12 @@ def test_cli_plot_bad_input_is_one_line_and_exit_2(argv, capsys):
         raise SystemExit(main(argv))
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_cli_plot_from_flags_alone_draws_that_job_not_the_default_preset(tmp_path, capsys):
+    stem = tmp_path / "flags"
+    argv = ["plot", "interval", "--gpus", "1024", "--gpu-mtbf-h", "50000", "--work-h", "100"]
+    assert main([*argv, "--replicas", "4", "--out", str(stem)]) == 0
+    svg = (tmp_path / "flags.svg").read_text()
+    assert "<!-- command-line: waste against interval -->" in svg
+    assert "llama3" not in svg

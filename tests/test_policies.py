@@ -206,3 +206,34 @@ def test_adaptive_with_one_component_is_the_same_whichever_parts_renew():
     for age in (0.0, 3600.0, 36_000.0):
         c = ctx(checkpoint_s=60.0, mtbf_s=comp.mean_s, age_s=age, component=comp, n_components=1)
         assert Adaptive().next_interval_s(c) == Adaptive(renews="all").next_interval_s(c)
+
+
+# -- what a policy sees of a scenario -----------------------------------------------------
+def test_the_context_of_a_scenario_with_node_failures_carries_the_jobs_whole_rate():
+    from simulator.scenario import Scenario
+
+    s = Scenario(gpus=2048, gpus_per_node=16, gpu_mtbf_h=1e5, node_mtbf_h=1e4, checkpoint_s=60.0)
+    c = PolicyContext.from_scenario(s, age_s=600.0)
+    assert c.mtbf_s == pytest.approx(s.system_mtbf_s) and c.age_s == 600.0
+    assert c.n_components == 2048 and c.component.mean_s == pytest.approx(1e5 * 3600)
+    assert c.other_rate_per_s == pytest.approx(128 / (1e4 * 3600))
+    # Exponential parts: the hazard-aware policy is the exact optimum at the job's MTBF
+    # (30 h with node failures), not at the GPUs' 48.8 h.
+    assert Adaptive().local_mtbf_s(c, 3600.0) == pytest.approx(s.system_mtbf_s, rel=1e-9)
+    assert Adaptive().next_interval_s(c) == pytest.approx(
+        ExactOptimal().next_interval_s(c), rel=1e-9
+    )
+
+
+def test_the_context_of_a_job_level_lifetime_is_the_jobs_own_lifetime():
+    from simulator.scenario import Scenario
+
+    s = Scenario(mtbf_h=4.0, failure="weibull:shape=0.5", checkpoint_s=600.0, restart_s=600.0)
+    c = PolicyContext.from_scenario(s)
+    assert isinstance(c.component, Weibull) and c.component.shape == 0.5
+    assert c.n_components == 1 and c.component.mean_s == pytest.approx(4 * 3600)
+    # Young failures come soon after a restart: the interval just after one is shorter than
+    # the exponential optimum, and much longer once the job has survived a while.
+    young = Adaptive().next_interval_s(c)
+    old = Adaptive().next_interval_s(PolicyContext.from_scenario(s, age_s=20 * 3600))
+    assert young < ExactOptimal().next_interval_s(c) < old

@@ -141,3 +141,45 @@ def test_scenarios_are_frozen_and_a_missing_failure_rate_is_named():
     assert not scenario.has_mtbf
     with pytest.raises(InputError, match="no failure rate"):
         _ = scenario.system_mtbf_s
+
+
+# -- the job's failure rate: GPUs and nodes ------------------------------------------------
+NODE_JOB = dict(
+    gpus=2048, gpus_per_node=16, gpu_mtbf_h=100_000.0, node_mtbf_h=10_000.0, work_h=500.0
+)
+
+
+def test_the_jobs_mtbf_superposes_gpu_and_node_failures():
+    scenario = Scenario(**NODE_JOB)
+    # Independent exponential parts superpose into one Poisson process whose rate is the sum:
+    # 2,048 GPUs at 100,000 h and 128 sixteen-GPU nodes at 10,000 h.
+    rate_per_h = 2048 / 100_000 + 128 / 10_000
+    assert scenario.system_mtbf_s / HOUR == pytest.approx(1 / rate_per_h, rel=1e-12)
+    assert scenario.system_mtbf_s / HOUR == pytest.approx(30.05, abs=0.01)  # not 48.8 h
+    assert scenario.system_lifetime().mean_s == pytest.approx(scenario.system_mtbf_s)
+    # The per-GPU lifetime is the GPUs' own, not the job's MTBF spread over the GPUs.
+    assert scenario.gpu_lifetime().mean_s == pytest.approx(100_000 * HOUR)
+
+
+def test_the_jobs_mtbf_is_the_mean_gap_of_the_failures_the_des_draws():
+    import numpy as np
+
+    from simulator.des import failure_source_for
+
+    scenario = Scenario(**NODE_JOB)
+    horizon = 20_000 * HOUR
+    rng = np.random.default_rng(7)
+    source = failure_source_for(scenario, rng, np.random.default_rng(8))
+    count = 0
+    while source.next_failure_s() <= horizon:
+        count += 1
+    expected = horizon / scenario.system_mtbf_s  # ~666 failures; Poisson sd ~26
+    assert abs(count - expected) < 4 * expected**0.5
+
+
+def test_a_whole_job_mtbf_and_a_node_mtbf_are_not_both_given():
+    with pytest.raises(InputError, match="mtbf_h is the whole job's MTBF"):
+        Scenario(gpus=64, mtbf_h=5.0, node_mtbf_h=1000.0)
+    # A whole-job MTBF laid over a file replaces its per-part rates, nodes included.
+    overridden = Scenario(**NODE_JOB).with_overrides(mtbf_h=5.0)
+    assert overridden.node_mtbf_h is None and overridden.system_mtbf_s == 5 * HOUR

@@ -67,6 +67,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative whole number, got {text}")
+    return value
+
+
 def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     """Flags that override fields of the scenario (a preset name or a TOML file)."""
     g = parser.add_argument_group(
@@ -123,7 +133,108 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
         "--usd-per-gpu-hour",
         type=nonnegative_float("US dollars"),
         metavar="USD",
-        help="price of one GPU-hour",
+        help="price of one GPU-hour, US dollars",
+    )
+    _add_model_flags(parser)
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """The rest of the model: one flag per Scenario field, for every command that uses it."""
+    m = parser.add_argument_group(
+        "cluster and storage model",
+        "Unset, these take the defaults of Daly's model: no node-level failures, no detection\n"
+        "or warm-up time, a spare always free, synchronous saves of --checkpoint-s seconds.",
+    )
+    m.add_argument(
+        "--node-mtbf-h",
+        type=positive_float("hours"),
+        metavar="H",
+        help="per-node MTBF of node-level failures (host, NIC, power), hours; on top of the "
+        "GPUs' failures (needs --gpus)",
+    )
+    m.add_argument(
+        "--detection-s",
+        type=nonnegative_float("seconds"),
+        metavar="S",
+        help="time until a failure is noticed, seconds (added to R)",
+    )
+    m.add_argument(
+        "--warmup-s",
+        type=nonnegative_float("seconds"),
+        metavar="S",
+        help="time after loading until full speed, seconds (added to R)",
+    )
+    m.add_argument(
+        "--spares",
+        type=nonnegative_int,
+        metavar="K",
+        help="spare nodes, a count (default: one always free; needs --repair-h)",
+    )
+    m.add_argument(
+        "--repair-h",
+        type=positive_float("hours"),
+        metavar="H",
+        help="mean time to repair a failed node, hours",
+    )
+    m.add_argument(
+        "--repair",
+        metavar="DIST",
+        help="repair times: exponential (default) | weibull:shape=K | lognormal:sigma=S",
+    )
+    m.add_argument(
+        "--staging-s",
+        type=positive_float("seconds"),
+        metavar="S",
+        help="save asynchronously: training stalls S seconds, the write (--checkpoint-s) "
+        "runs behind",
+    )
+    m.add_argument(
+        "--component-age",
+        choices=("stationary", "new"),
+        help="GPU and node ages at the start: long in service (default) or all new",
+    )
+    m.add_argument(
+        "--checkpoint-bytes",
+        type=positive_float("bytes"),
+        metavar="B",
+        help="size of one complete checkpoint, bytes (e.g. 5.67e12); with a bandwidth it "
+        "sets the write and load times",
+    )
+    m.add_argument(
+        "--write-bytes-per-s-per-node",
+        type=positive_float("bytes per second"),
+        metavar="B",
+        help="write bandwidth of one node to shared storage, bytes per second",
+    )
+    m.add_argument(
+        "--storage-bytes-per-s",
+        type=positive_float("bytes per second"),
+        metavar="B",
+        help="aggregate write bandwidth cap of the shared storage, bytes per second",
+    )
+    m.add_argument(
+        "--writer-nodes",
+        type=positive_int,
+        metavar="N",
+        help="nodes that write shards at once, a count (default: every node of the job)",
+    )
+    m.add_argument(
+        "--read-bytes-per-s",
+        type=positive_float("bytes per second"),
+        metavar="B",
+        help="aggregate bandwidth of a restart's checkpoint load, bytes per second",
+    )
+    m.add_argument(
+        "--usd-per-gb-month",
+        type=nonnegative_float("US dollars"),
+        metavar="USD",
+        help="storage price, US dollars per GB (1e9 bytes) per month",
+    )
+    m.add_argument(
+        "--checkpoints-retained",
+        type=positive_int,
+        metavar="K",
+        help="checkpoints kept on storage at once, a count (storage cost)",
     )
 
 
@@ -137,11 +248,30 @@ SCENARIO_FLAGS = (
     "restart_s",
     "work_h",
     "usd_per_gpu_hour",
+    "node_mtbf_h",
+    "detection_s",
+    "warmup_s",
+    "spares",
+    "repair_h",
+    "repair",
+    "staging_s",
+    "component_age",
+    "checkpoint_bytes",
+    "write_bytes_per_s_per_node",
+    "storage_bytes_per_s",
+    "writer_nodes",
+    "read_bytes_per_s",
+    "usd_per_gb_month",
+    "checkpoints_retained",
 )
+"""Scenario fields that ``add_scenario_flags`` declares, each as ``--field-name``."""
 
 
 def _overrides(args: argparse.Namespace, extra: dict[str, Any] | None) -> dict[str, Any]:
     overrides = {k: getattr(args, k, None) for k in SCENARIO_FLAGS}
+    # A staging copy is what an asynchronous save stalls for: giving it means "save async".
+    if overrides["staging_s"] is not None:
+        overrides["async_checkpoint"] = True
     overrides.update(extra or {})
     return overrides
 
@@ -172,6 +302,21 @@ def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = 
         raise InputError("--gpu-mtbf-h (per-GPU MTBF, hours) needs --gpus N to scale to the job")
     given = _small_job_fits_one_node(given, Scenario.gpus_per_node)
     return Scenario(name="command-line", **given)
+
+
+def require_failure_rate(scenario) -> None:
+    """Refuse, in one line naming the flags, a job with no failure rate to optimise against."""
+    if not scenario.has_mtbf:
+        raise InputError(
+            "no failure rate: give --mtbf-h HOURS (system MTBF), or --gpus N with "
+            "--gpu-mtbf-h HOURS, or a --scenario (file with mtbf_h or gpu_mtbf_h, or a preset)"
+        )
+
+
+def require_work(scenario, purpose: str = "simulating a job") -> None:
+    """Refuse, in one line, to simulate a job whose length (work_h) is unknown."""
+    if scenario.work_h is None:
+        raise InputError(f"{purpose} needs --work-h HOURS (failure-free compute)")
 
 
 def _small_job_fits_one_node(overrides: dict[str, Any], gpus_per_node: int) -> dict[str, Any]:

@@ -23,12 +23,13 @@ from simulator.errors import InputError
 
 DESCRIPTION = """\
 How often should this job checkpoint? Given the cluster's failure rate (a system MTBF, or
-GPUs and a per-GPU MTBF), the training stall of one save (δ) and the time to restart (R),
-print the interval that minimises expected wall time, and set the classic estimates (Young
-1974, Daly 2006) and the usual defaults (every 30 min, hourly, every 3 h, every 500 or 1000
-steps) beside it: waste, expected wall time for --work-h hours of compute, and money lost per
-day at --usd-per-gpu-hour. The formulas assume exponential (memoryless) failures; for Weibull
-or measured failure models, check the answer with `ckptsim simulate`."""
+GPUs and a per-GPU MTBF, plus a per-node MTBF if nodes fail too), the training stall of one
+save (δ) and the time to restart (R), print the interval that minimises expected wall time,
+and set the classic estimates (Young 1974, Daly 2006) and the usual defaults (every 30 min,
+hourly, every 3 h, every 500 or 1000 steps) beside it: waste, expected wall time for --work-h
+hours of compute, and money lost per day at --usd-per-gpu-hour. The formulas assume
+exponential (memoryless) failures; for Weibull or measured failure models, check the answer
+with `ckptsim simulate`."""
 
 EPILOG = """\
 examples:
@@ -67,7 +68,8 @@ def register(subparsers) -> None:
     measured = parser.add_argument_group(
         "measured checkpoint cost",
         "Take δ (and the restore time, added to R) from a `ckptsim bench --out` profile, "
-        "extrapolated to --params parameters sharded over the job's nodes.",
+        "extrapolated to --params parameters sharded over the job's nodes, through the "
+        "--storage-bytes-per-s cap if one is given.",
     )
     measured.add_argument("--profile", metavar="FILE", help="cost profile JSON from ckptsim bench")
     measured.add_argument(
@@ -75,12 +77,6 @@ def register(subparsers) -> None:
     )
     measured.add_argument(
         "--format", default="ckptsim", help="format in the profile to use (default ckptsim)"
-    )
-    measured.add_argument(
-        "--storage-bytes-per-s",
-        type=positive_float("bytes per second"),
-        metavar="B",
-        help="aggregate storage bandwidth cap shared by all writing nodes",
     )
     sim = parser.add_argument_group(
         "simulation",
@@ -93,13 +89,6 @@ def register(subparsers) -> None:
     )
     sim.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.set_defaults(func=run)
-
-
-def checkpoint_cost_s(args: argparse.Namespace, scenario) -> float:
-    """The training stall of one save, seconds (δ): --checkpoint-s, else the scenario's."""
-    if getattr(args, "checkpoint_s", None) is not None:
-        return float(args.checkpoint_s)
-    return scenario_stall_s(scenario)
 
 
 def apply_profile(args: argparse.Namespace, scenario):
@@ -116,19 +105,29 @@ def apply_profile(args: argparse.Namespace, scenario):
         raise InputError("--profile needs --params P, the model size in parameters (e.g. 70e9)")
     if args.checkpoint_s is not None:
         raise InputError("give either --checkpoint-s or --profile, not both")
+    for field in ("write_bytes_per_s_per_node", "read_bytes_per_s"):
+        if getattr(scenario, field) is not None:
+            flag = "--" + field.replace("_", "-")
+            raise InputError(f"give either {flag} or --profile (it measured them), not both")
+    import dataclasses
+
     from simulator.costmodel import CostProfile
 
-    nodes = max(1, (scenario.gpus or 1) // scenario.gpus_per_node)
+    nodes = scenario.nodes or 1
     predicted = CostProfile.load(args.profile).predict(
         params=args.params,
         nodes=nodes,
         format=args.format,
-        aggregate_bytes_per_s=args.storage_bytes_per_s,
+        aggregate_bytes_per_s=scenario.storage_bytes_per_s,
     )
-    scenario = scenario.with_overrides(
+    # The prediction has the storage cap in it already: left in the scenario, the cap would
+    # turn checkpoint_bytes back into a write time of its own and replace the measured one.
+    scenario = dataclasses.replace(
+        scenario,
         checkpoint_s=predicted.stall_s,
         restart_s=scenario.restart_s + predicted.restore_s,
         checkpoint_bytes=predicted.bytes,
+        storage_bytes_per_s=None,
     )
     info = {
         "profile": str(args.profile),
@@ -157,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     from simulator.cli.common import (
         SCENARIO_FLAGS,
         print_json,
+        require_failure_rate,
+        require_work,
         scenario_from_args,
         uses_default_preset,
     )
@@ -164,11 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
     default = uses_default_preset(args)
     scenario = scenario_from_args(args)
-    if not scenario.has_mtbf:
-        raise InputError(
-            "no failure rate: give --mtbf-h HOURS (system MTBF), or --gpus N with "
-            "--gpu-mtbf-h HOURS, or a --scenario (file with mtbf_h or gpu_mtbf_h, or a preset)"
-        )
+    require_failure_rate(scenario)
     if default:
         source = f"embedded default preset {DEFAULT_PRESET}"
     elif args.scenario:
@@ -183,17 +180,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     scenario, measured = apply_profile(args, scenario)
-    delta_s = checkpoint_cost_s(args, scenario)
+    # The flags are in the scenario already: δ follows its one rule (staging copy if async,
+    # else the write time from bytes and bandwidths, else checkpoint_s), as in the simulators.
+    delta_s = scenario_stall_s(scenario)
     result = recommend(scenario, step_s=args.step_s, checkpoint_s=delta_s, source=source)
     if measured:
         result["measured_cost"] = measured
     if args.simulate:
         from simulator.optimize import optimize_by_simulation
 
-        if scenario.work_h is None:
-            raise InputError("--simulate needs --work-h HOURS (the job's compute) to simulate")
+        require_work(scenario, "--simulate")
         result["simulated"] = optimize_by_simulation(
-            scenario.with_overrides(checkpoint_s=delta_s), replicas=args.replicas, seed=args.seed
+            scenario, replicas=args.replicas, seed=args.seed
         )
         result["simulated_interval_s"] = result["simulated"]["interval_s"]
     if args.json:
@@ -421,7 +419,10 @@ def render(result: dict[str, Any], width: int = 100) -> str:
     s = result["scenario"]
     gpus = result.get("gpus")
     cluster = f"{gpus:,} GPUs, " if gpus else ""
-    per_gpu = f" (per GPU {s['gpu_mtbf_h']:,.0f} h)" if "gpu_mtbf_h" in s else ""
+    parts = [f"per GPU {s['gpu_mtbf_h']:,.0f} h"] if "gpu_mtbf_h" in s else []
+    if "node_mtbf_h" in s:
+        parts.append(f"per node {s['node_mtbf_h']:,.0f} h")
+    per_gpu = f" ({', '.join(parts)})" if parts else ""
     costs = f"save δ {fmt_duration(result['checkpoint_s'])}, restart R "
     costs += fmt_duration(result["restart_s"])
     if result["restart_s"] != s.get("restart_s", result["restart_s"]):

@@ -10,7 +10,14 @@ a CSV/JSON table with columns step, time_s, interval_s works too).
 
 from __future__ import annotations
 
-from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.cli.common import (
+    add_scenario_flags,
+    positive_float,
+    positive_int,
+    require_failure_rate,
+    require_work,
+    scenario_from_args,
+)
 from simulator.errors import InputError
 
 KINDS = ("interval", "size", "breakdown", "cost", "tornado", "controller")
@@ -24,7 +31,8 @@ examples:
   ckptsim plot tornado --factor 2 --out tornado
   ckptsim plot controller --log ckpts/ --out controller
 
-Each writes OUT.png and OUT.svg. Without --scenario the Llama-3 preset is the base."""
+Each writes OUT.png and OUT.svg. The job is --scenario with the flags over it; without
+--scenario the flags alone describe it; with neither, the embedded Llama-3 preset."""
 
 
 def register(subparsers) -> None:
@@ -81,9 +89,10 @@ def run(args) -> int:
     elif args.kind == "size" and args.table:
         ax = plots.optimum_vs_size(_read_table(args.table))
     else:
-        from simulator.cli.sweep import base_scenario
-
-        ax = _from_scenario(args, base_scenario(args))
+        scenario = scenario_from_args(args)
+        require_failure_rate(scenario)
+        require_work(scenario, f"plot {args.kind}")
+        ax = _from_scenario(args, scenario)
     for path in plots.save(ax, args.out):
         print(path)
     return 0
@@ -104,7 +113,7 @@ def _read_table(path):
 
 def _from_scenario(args, scenario):
     from simulator import optimize, plots
-    from simulator.sweep import optimum_table, sensitivity
+    from simulator.sweep import SENSITIVITY_INPUTS, optimum_table, sensitivity
 
     if args.kind == "interval":
         res = optimize.optimize_by_simulation(
@@ -121,7 +130,11 @@ def _from_scenario(args, scenario):
         df = optimum_table(scenario, "gpus", sizes, replicas=args.replicas, seed=args.seed)
         return plots.optimum_vs_size(df)
     if args.kind == "tornado":
-        base, df = sensitivity(scenario, factor=args.factor, replicas=args.replicas, seed=args.seed)
+        # The inputs this job sets: a job from flags alone may leave out its price or size.
+        inputs = [i for i in SENSITIVITY_INPUTS if i == "mtbf" or getattr(scenario, i) is not None]
+        base, df = sensitivity(
+            scenario, factor=args.factor, inputs=inputs, replicas=args.replicas, seed=args.seed
+        )
         return plots.tornado(df, base)
     specs, pols = _policies(args.policies)
     out = optimize.evaluate(scenario, pols, replicas=args.replicas, seed=args.seed)

@@ -13,12 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-from simulator.cli.common import (
-    add_scenario_flags,
-    nonnegative_float,
-    positive_float,
-    positive_int,
-)
+from simulator.cli.common import add_scenario_flags, positive_float, positive_int
 from simulator.errors import InputError
 
 POLICIES = ("young", "daly", "optimal", "adaptive")
@@ -70,45 +65,6 @@ def register(subparsers) -> None:
         metavar="S",
         help="save every S seconds of compute instead of a policy",
     )
-    model = parser.add_argument_group("cluster model (defaults: Daly's model)")
-    model.add_argument(
-        "--detection-s",
-        type=nonnegative_float("seconds"),
-        metavar="S",
-        help="time until a failure is noticed",
-    )
-    model.add_argument(
-        "--warmup-s",
-        type=nonnegative_float("seconds"),
-        metavar="S",
-        help="time after loading until full speed",
-    )
-    model.add_argument(
-        "--spares", type=_count, metavar="K", help="spare nodes (default: always one free)"
-    )
-    model.add_argument(
-        "--repair-h",
-        type=positive_float("hours"),
-        metavar="H",
-        help="mean time to repair a failed node",
-    )
-    model.add_argument(
-        "--node-mtbf-h",
-        type=positive_float("hours"),
-        metavar="H",
-        help="per-node MTBF of node-level failures",
-    )
-    model.add_argument(
-        "--staging-s",
-        type=positive_float("seconds"),
-        metavar="S",
-        help="save asynchronously: training stalls S s, the write (--checkpoint-s) runs behind",
-    )
-    model.add_argument(
-        "--component-age",
-        choices=("stationary", "new"),
-        help="GPU ages at the start: long in service (default) or all new",
-    )
     mc = parser.add_argument_group("Monte Carlo and output")
     mc.add_argument(
         "--replicas", type=positive_int, default=100, metavar="N", help="replicas (default 100)"
@@ -123,16 +79,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative whole number, got {text}")
-    return value
-
-
 def _scenario(args: argparse.Namespace):
     from simulator.cli.common import scenario_from_args, uses_default_preset
 
@@ -140,21 +86,11 @@ def _scenario(args: argparse.Namespace):
         if args.scenario and args.scenario != args.scenario_file:
             raise InputError("give the scenario once: as SCENARIO or as --scenario, not both")
         args.scenario = args.scenario_file
-    extra = {
-        "detection_s": args.detection_s,
-        "warmup_s": args.warmup_s,
-        "spares": args.spares,
-        "repair_h": args.repair_h,
-        "node_mtbf_h": args.node_mtbf_h,
-        "staging_s": args.staging_s,
-        "async_checkpoint": True if args.staging_s is not None else None,
-        "component_age": args.component_age,
-    }
-    return scenario_from_args(args, extra), uses_default_preset(args, extra)
+    return scenario_from_args(args), uses_default_preset(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.cli.common import print_json
+    from simulator.cli.common import print_json, require_failure_rate, require_work
     from simulator.montecarlo import simulate
     from simulator.policies import make_policy
     from simulator.scenario import DEFAULT_PRESET
@@ -162,13 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).suffix.lower() not in (".csv", ".parquet", ".pq"):
         raise InputError(f"--out {args.out}: use a .csv or .parquet file name")
     scenario, default = _scenario(args)
-    if not scenario.has_mtbf:
-        raise InputError(
-            "no failure rate: give --mtbf-h HOURS (system MTBF), or --gpus N with "
-            "--gpu-mtbf-h HOURS, or a --scenario (file with mtbf_h or gpu_mtbf_h, or a preset)"
-        )
-    if scenario.work_h is None:
-        raise InputError("simulating a job needs --work-h HOURS (failure-free compute)")
+    require_failure_rate(scenario)
+    require_work(scenario)
     if default:
         print(
             f"note: no scenario or flags given, so this is the embedded default preset "

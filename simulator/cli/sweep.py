@@ -13,9 +13,10 @@ import dataclasses
 import numpy as np
 
 from simulator.cli.common import (
-    SCENARIO_FLAGS,
     add_scenario_flags,
     positive_int,
+    require_failure_rate,
+    require_work,
     scenario_from_args,
 )
 from simulator.errors import InputError
@@ -29,7 +30,8 @@ examples:
   ckptsim sweep --scenario opt175b --vary restart_s=300,900,1800 --replicas 200 --out s.csv
   ckptsim sweep --vary gpus=1024,16384 --dask-scheduler tcp://10.0.0.5:8786 --out s.parquet
 
-Without --scenario the Llama-3 preset is the base; scenario flags override it."""
+The base is --scenario with the flags over it; without --scenario the flags alone describe the
+job; with neither, the embedded Llama-3 preset is the base."""
 
 _INT_FIELDS = {"gpus", "gpus_per_node", "checkpoints_retained", "spares", "writer_nodes"}
 
@@ -97,8 +99,12 @@ def parse_axis(text: str) -> tuple[str, list]:
 def run(args) -> int:
     from simulator.sweep import run_sweep, save_table
 
-    base = base_scenario(args)
+    base = scenario_from_args(args)
     axes = dict(parse_axis(a) for a in args.vary)
+    if not {"mtbf_h", "gpu_mtbf_h"} & set(axes):
+        require_failure_rate(base)
+    if "work_h" not in axes:
+        require_work(base, "a sweep")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise InputError("--policies: give at least one policy")
@@ -119,12 +125,3 @@ def run(args) -> int:
     cols = [*axes, "policy", "interval_s", "waste", "cost_usd"]
     print(df[[c for c in cols if c in df]].to_string(index=False, float_format="%.4g"))
     return 0
-
-
-def base_scenario(args):
-    """--scenario with flags over it; without --scenario, the Llama-3 preset with flags over it."""
-    if args.scenario:
-        return scenario_from_args(args)
-    from simulator.scenario import load_scenario
-
-    return load_scenario(None).with_overrides(**{k: getattr(args, k, None) for k in SCENARIO_FLAGS})
