@@ -39,6 +39,7 @@ class ExternalSaveSchedule:
     def _plan(self, step: int) -> int:
         due = self.schedule.next_due(step, age_s=self._age_s())
         self.next_due_step = int(self.backend.broadcast(due))
+        self.ckpt._planned_due = self.next_due_step  # so the checkpointer's stats say it too
         self._mark_step, self._mark_t = step, self.clock()
         return self.next_due_step
 
