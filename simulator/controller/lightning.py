@@ -20,11 +20,16 @@ dataloader (one with ``state_dict``/``load_state_dict``, e.g. torchdata's Statef
 The run's life cycle follows the AdaptiveCheckpointer's. When training ends (``max_steps``,
 ``max_epochs`` or a stop such as EarlyStopping's) the last step is saved if it was not already
 and the checkpoint is marked finished, so a relaunch restores it, trains nothing and says so
-(``callback.finished``). A SIGTERM goes through Lightning's own SignalConnector, which stops the
-loops at a batch boundary (on every rank at the same batch) with ``SIGTERMException``; the
-callback then saves that step once, records the preemption (not a failure) in the run log and
-closes, and Lightning's exception ends ``fit``. The inner AdaptiveCheckpointer therefore
-installs no signal handler of its own: two handlers would fight over SIGTERM.
+(``callback.finished``); a run ended by a requested stop (EarlyStopping) stays stopped. A
+SIGTERM goes through Lightning's own SignalConnector, which stops the loops at a batch boundary
+with ``SIGTERMException`` (a SystemExit); the callback then saves that step once, records the
+preemption (not a failure) in the run log and closes, and Lightning's exception ends ``fit``.
+The inner AdaptiveCheckpointer therefore installs no signal handler of its own: two handlers
+would fight over SIGTERM. (Under DDP, Lightning 2.6's SIGTERM handler itself runs a
+collective inside the signal handler, which can deadlock the ranks; that is Lightning's.)
+
+Lightning cannot resume from a save at an epoch's last batch (it restores the loader at the
+epoch's end and then counts the next epoch as run), so a save due there waits one step.
 
 Resume with ``trainer.fit(model, ckpt_path=latest_checkpoint(directory))``. Once the directory
 holds a checkpoint, ``fit`` must resume from that newest one: no ``ckpt_path`` (a fresh start)
@@ -258,6 +263,8 @@ class AdaptiveCheckpoint(_Callback):
         self.schedule.start(step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.checkpointer is None:  # a finished run that trains on (min_steps not met)
+            return
         step = trainer.global_step
         if step == self._last_step:  # gradient accumulation: no optimizer step this batch
             return
@@ -294,13 +301,13 @@ class AdaptiveCheckpoint(_Callback):
             return
         if not isinstance(exception, SIGTERMException):
             return  # a crash: no save, no clean stop (the run log counts it as a failure)
-        # Lightning raises it at a batch boundary, on every rank at the same batch (it
-        # broadcasts rank 0's SIGTERM), so this collective save is safe.
+        # Lightning raises it at a batch boundary (after the batch's validation), the point
+        # its own OnExceptionCheckpoint saves at; the exception is Lightning's way to stop,
+        # so there is no trainer.should_stop to set.
         step = trainer.global_step
         if step > 0 and step != self._last_saved:
             self.save(trainer, step)
         self.preempted = True
-        trainer.should_stop = True
         ckpt = self.checkpointer
         ckpt.runlog.append(
             "preempted", session_s=self.clock() - self.schedule._session_start, step=int(step)
