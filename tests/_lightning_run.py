@@ -2,9 +2,10 @@
 
 A LightningModule with dropout (so every rank's RNG stream matters) trains with AdamW on a
 shuffled torchdata ``StatefulDataLoader`` (the resumable loader Lightning needs for an exact
-mid-epoch resume; under DDP Lightning gives it a ``DistributedSampler``) for ``--epochs``
-epochs. A fake clock makes each step take one second, so ``FixedInterval(4 s)`` saves every
-four steps after the two-step probe. Started again with the same arguments it resumes from
+mid-epoch resume; under DDP with torchdata's ``StatefulDistributedSampler``, since Lightning
+would wrap the loader's own sampler in one that is not resumable) for ``--epochs`` epochs.
+A fake clock makes each step take one second, so ``FixedInterval(4 s)`` saves every four
+steps after the two-step probe. Started again with the same arguments it resumes from
 ``latest_checkpoint(DIR)``. ``--kill-at N`` SIGKILLs every rank after step N (no hook runs:
 a crash); ``--sigterm-at N`` sends SIGTERM to this process after step N (what a scheduler
 does before a preemption; Lightning's launcher forwards it to the other ranks).
@@ -26,6 +27,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from simulator.controller.lightning import AdaptiveCheckpoint, latest_checkpoint
 from simulator.policies import FixedInterval
@@ -87,6 +89,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false")
     parser.add_argument("--kill-at", type=int)
     parser.add_argument("--sigterm-at", type=int)
     args = parser.parse_args()
@@ -111,13 +114,22 @@ def main() -> None:
         enable_progress_bar=False,
         enable_checkpointing=False,
         enable_model_summary=False,
+        use_distributed_sampler=False,  # (a no-op on one process)
         callbacks=callbacks,
     )
     g = torch.Generator().manual_seed(1)
     x = torch.randn(args.samples, 4, generator=g)
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
     torch.manual_seed(2)  # the shuffling generator's seed (torch seeds each process afresh)
-    loader = StatefulDataLoader(data, batch_size=BATCH, shuffle=True)
+    if args.devices > 1:
+        # torchdata's own sampler for DDP: Lightning would otherwise wrap the loader's
+        # RandomSampler in a DistributedSamplerWrapper that is not resumable.
+        sampler = StatefulDistributedSampler(
+            data, trainer.world_size, trainer.global_rank, shuffle=args.shuffle, seed=0
+        )
+        loader = StatefulDataLoader(data, batch_size=BATCH, sampler=sampler)
+    else:
+        loader = StatefulDataLoader(data, batch_size=BATCH, shuffle=args.shuffle)
     model = Tiny(clock)
     torch.manual_seed(100 + trainer.global_rank)  # dropout differs per rank
     try:

@@ -312,6 +312,8 @@ def _results(out: Path, world: int) -> list[dict]:
 def _assert_identical(reference: list[dict], resumed: list[dict]) -> None:
     for ref, got in zip(reference, resumed, strict=True):
         assert ref["global_step"] == got["global_step"]
+        for step, batch in got["seen"].items():  # the same data after the resume
+            assert torch.equal(ref["seen"][step], batch), step
         for k in ref["model"]:
             assert torch.equal(ref["model"][k], got["model"][k]), k
         assert ref["optimizer"].keys() == got["optimizer"].keys()
@@ -319,8 +321,6 @@ def _assert_identical(reference: list[dict], resumed: list[dict]) -> None:
             for name, value in state.items():
                 assert torch.equal(value, got["optimizer"][i][name]), (i, name)
         assert torch.equal(ref["rng"], got["rng"])
-        for step, batch in got["seen"].items():  # the same data after the resume, too
-            assert torch.equal(ref["seen"][step], batch), step
 
 
 def _events(directory: Path) -> list[tuple[str, int | None]]:
@@ -363,21 +363,23 @@ def test_a_sigtermed_then_sigkilled_run_resumes_bit_identically(tmp_path):
 
 @pytest.mark.slow  # three two-process Lightning runs: about a minute of CPU
 def test_a_sigkilled_two_rank_ddp_run_resumes_bit_identically(tmp_path):
-    two = ("--devices", "2")  # 6 batches an epoch on each rank, 2 epochs: 12 steps
+    # 10 batches an epoch on each rank (torchdata's StatefulDistributedSampler), 2 epochs.
+    two = ("--devices", "2", "--samples", "80")
     reference = _launch(tmp_path / "ref", tmp_path / "ref-out", *two)
     directory = tmp_path / "ck"
-    # Saves at 7 (6 is an epoch's last batch) and 11; every rank dies after step 9.
-    rc, output = _finish(_launch(directory, tmp_path / "k", *two, "--kill-at", "9"))
+    # Saves at 6 and 11 (10 is an epoch's last batch); every rank dies after step 8, so the
+    # resumed run redoes 7 and 8 and crosses the epoch boundary.
+    rc, output = _finish(_launch(directory, tmp_path / "k", *two, "--kill-at", "8"))
     assert rc != 0, output
-    assert latest_checkpoint(directory).parent.name == "step-00000007"
+    assert latest_checkpoint(directory).parent.name == "step-00000006"
     rc, output = _finish(_launch(directory, tmp_path / "r", *two))
     assert rc == 0, output
     resumed = _results(tmp_path / "r", 2)
-    assert [r["resumed_from"] for r in resumed] == [7, 7]
+    assert [r["resumed_from"] for r in resumed] == [6, 6]
     rc, output = _finish(reference)
     assert rc == 0, output
     reference = _results(tmp_path / "ref-out", 2)
-    assert [r["saved_steps"] for r in reference] == [[7, 11, 12]] * 2
+    assert [r["saved_steps"] for r in reference] == [[6, 11, 15, 19, 20]] * 2
     # The ranks' dropout streams differ, so each rank's own RNG state came back.
     assert not torch.equal(reference[0]["rng"], reference[1]["rng"])
     _assert_identical(reference, resumed)
