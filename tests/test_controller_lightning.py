@@ -2,13 +2,21 @@
 
 A tiny LightningModule with dropout (so the RNG state matters) trains on a resumable loader;
 a fake clock makes each step take one second, so FixedInterval(4 s) means one save every four
-steps once the probe has measured the iteration time.
+steps once the probe has measured the iteration time. The kill-and-resume tests run the real
+script ``tests/_lightning_run.py`` (a shuffled torchdata StatefulDataLoader) in subprocesses,
+SIGTERMed and SIGKILLed there, on one process and on two DDP ranks (Lightning's own launcher).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 # A hard import: `make test` installs the lightning extra, and CI must test the real library.
 import lightning as L
@@ -42,6 +50,8 @@ class ResumableLoader:
         return BATCHES_PER_EPOCH
 
     def __iter__(self):
+        if self.pos >= BATCHES_PER_EPOCH:  # Lightning stops at len() without exhausting us
+            self.pos = 0
         while self.pos < BATCHES_PER_EPOCH:
             i = self.pos
             self.pos += 1
@@ -81,29 +91,37 @@ class FakeClock:
         return self.now
 
 
-def _fit(directory, max_steps, ckpt_path=None, **options):
+class StopAt(L.Callback):
+    """Asks the Trainer to stop after ``step`` steps, as EarlyStopping does."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+def _fit(directory, ckpt_path=None, *, quiet=True, callbacks=(), **limits):
     clock = FakeClock()
     callback = AdaptiveCheckpoint(
-        directory,
-        policy=FixedInterval(INTERVAL_S),
-        clock=clock,
-        probe_steps=PROBE_STEPS,
-        **options,
+        directory, policy=FixedInterval(INTERVAL_S), clock=clock, probe_steps=PROBE_STEPS
     )
     trainer = L.Trainer(
-        max_steps=max_steps,
+        **({"max_steps": 14} | limits),
         accelerator="cpu",
         devices=1,
         logger=False,
         enable_progress_bar=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        callbacks=[callback],
+        callbacks=[callback, *callbacks],
     )
     model = Tiny(clock)
     torch.manual_seed(1)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        if quiet:
+            warnings.simplefilter("ignore")
         trainer.fit(model, train_dataloaders=ResumableLoader(), ckpt_path=ckpt_path)
     return model, callback
 
@@ -117,8 +135,42 @@ def uninterrupted(tmp_path_factory):
 
 def test_saves_at_the_steps_the_fixed_interval_gives(uninterrupted):
     _, _, callback = uninterrupted
-    every = round(INTERVAL_S / 1.0)
-    assert callback.saved_steps == list(range(PROBE_STEPS + every, 15, every))
+    # Every 4 steps after the 2-step probe: 6, then 10, the last batch of the second 5-batch
+    # epoch, where a save would make Lightning skip the next epoch on resume, so it waits for
+    # 11; then the last step, 14, saved when training ends.
+    assert callback.saved_steps == [6, 11, 14]
+
+
+def test_stats_say_when_the_next_save_is_due(uninterrupted):
+    _, _, callback = uninterrupted
+    # After the final save at step 14 the schedule plans the next one interval later.
+    assert callback.next_due_step == 14 + round(INTERVAL_S)
+    assert callback.stats["next_due_step"] == callback.next_due_step
+    assert callback.stats["saves"] == 3
+    assert callback.stats["last_saved_step"] == 14
+
+
+def test_stats_are_current_after_every_save(tmp_path):
+    seen = {}
+
+    class Watch(L.Callback):  # runs after AdaptiveCheckpoint: it comes later in the list
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            (ours,) = [c for c in trainer.callbacks if isinstance(c, AdaptiveCheckpoint)]
+            seen[trainer.global_step] = ours.stats["next_due_step"]
+
+    _fit(tmp_path, max_steps=9, callbacks=[Watch()])
+    assert seen[6] == 10  # planned at the save after step 6
+    assert seen[5] == 6  # planned at the probe's end, step 2
+
+
+def test_no_save_logs_or_warns_about_weights_only(tmp_path, caplog):
+    with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, callback = _fit(tmp_path, quiet=False, max_steps=14)
+    assert len(callback.saved_steps) == 3
+    said = [r.getMessage() for r in caplog.records] + [str(w.message) for w in caught]
+    assert said  # the capture works: Lightning does log at INFO
+    assert not [m for m in said if "weights_only" in m]
 
 
 def test_only_the_newest_complete_checkpoints_remain_and_they_verify(uninterrupted):
@@ -131,17 +183,35 @@ def test_only_the_newest_complete_checkpoints_remain_and_they_verify(uninterrupt
     assert latest_checkpoint(directory) == directory / kept[-1] / CHECKPOINT_FILE
 
 
-def test_resuming_from_what_it_wrote_continues_identically(uninterrupted, tmp_path):
-    _, reference, _ = uninterrupted
-    _fit(tmp_path, max_steps=8)  # "fails" after step 8; the last save was at step 6
-    resume_from = latest_checkpoint(tmp_path)
-    assert resume_from.parent.name == "step-00000006"
-    resumed, callback = _fit(tmp_path, max_steps=14, ckpt_path=resume_from)
-    for (name, want), got in zip(reference.named_parameters(), resumed.parameters(), strict=True):
-        assert torch.equal(want, got), name
-    assert callback.checkpointer.resumed_from == 6
-    # The schedule picks up where it was (estimates from the run log): no new probe.
-    assert callback.saved_steps == [10, 14]
+@pytest.mark.parametrize(
+    ("limits", "stop_at", "last"),
+    [
+        ({"max_steps": 13}, None, 13),
+        ({"max_steps": -1, "max_epochs": 2}, None, 2 * BATCHES_PER_EPOCH),
+        ({"max_steps": 20}, 7, 7),  # a requested stop, as EarlyStopping makes
+    ],
+    ids=["max_steps", "max_epochs", "should_stop"],
+)
+def test_a_finished_run_saves_its_last_step_and_a_relaunch_trains_nothing(
+    tmp_path, caplog, limits, stop_at, last
+):
+    stopper = [StopAt(stop_at)] if stop_at else []
+    first, callback = _fit(tmp_path, callbacks=stopper, **limits)
+    assert callback.saved_steps[-1] == last
+    assert latest_checkpoint(tmp_path).parent.name == f"step-{last:08d}"
+    events = [json.loads(line) for line in (tmp_path / "runlog.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("step")) for e in events[-2:]] == [
+        ("finished", last),
+        ("stop", None),
+    ]
+
+    with caplog.at_level(logging.INFO, logger="simulator.controller"):
+        again, callback = _fit(tmp_path, latest_checkpoint(tmp_path), callbacks=stopper, **limits)
+    assert again.clock.now == 0.0  # not one training step
+    assert callback.finished
+    assert f"already finished at step {last}" in caplog.text
+    for want, got in zip(first.parameters(), again.parameters(), strict=True):
+        assert torch.equal(want, got)
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_on_resume(tmp_path):
@@ -164,3 +234,152 @@ def test_bad_options_fail_when_the_callback_is_made(tmp_path):
         AdaptiveCheckpoint(tmp_path, keep_last=0)
     with pytest.raises(InputError, match="total_steps"):
         AdaptiveCheckpoint(tmp_path, milestones=(0.5,))
+
+
+# -- what Lightning's defaults and a user's own ckpt_path do -------------------------------
+def test_a_fresh_start_in_a_directory_with_checkpoints_is_refused(tmp_path):
+    _fit(tmp_path, max_steps=8)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(InputError, match=r"up to step-00000008.*no ckpt_path.*latest_checkpoint"):
+        _fit(tmp_path, max_steps=14)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written over
+
+
+def test_resuming_from_anything_but_the_newest_checkpoint_is_refused(tmp_path):
+    _fit(tmp_path, max_steps=8)
+    older = tmp_path / "step-00000006" / CHECKPOINT_FILE
+    with pytest.raises(InputError, match=r"step-00000006.*not the newest.*\(step-00000008\)"):
+        _fit(tmp_path, older, max_steps=14)
+
+
+def test_a_checkpoint_from_elsewhere_may_start_an_empty_directory(tmp_path):
+    _fit(tmp_path / "a", max_steps=8)
+    _, callback = _fit(tmp_path / "b", latest_checkpoint(tmp_path / "a"), max_steps=12)
+    assert callback.stats["resumed_from"] == 8
+    assert callback.saved_steps == [12]
+
+
+def test_lightnings_default_model_checkpoint_runs_alongside_with_a_warning(tmp_path):
+    clock = FakeClock()
+    callback = AdaptiveCheckpoint(tmp_path / "ck", policy=FixedInterval(INTERVAL_S), clock=clock)
+    trainer = L.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path / "lightning",
+        callbacks=[callback],
+    )  # enable_checkpointing=True, Lightning's default
+    with pytest.warns(UserWarning, match="enable_checkpointing=False"):
+        trainer.fit(Tiny(clock), train_dataloaders=ResumableLoader())
+    assert callback.saved_steps == [6]
+    assert list((tmp_path / "lightning").rglob("*.ckpt"))  # Lightning's own saves happened too
+
+
+# -- kill and resume: the real script, real signals ----------------------------------------
+SCRIPT = Path(__file__).with_name("_lightning_run.py")
+
+
+def _launch(directory: Path, out: Path, *args: str) -> subprocess.Popen:
+    out.mkdir(parents=True, exist_ok=True)
+    # This tree's simulator, whatever the caller's working directory.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(directory), str(out), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        pytest.fail(f"the training script hung:\n{output[-3000:]}")
+    return proc.returncode, output
+
+
+def _results(out: Path, world: int) -> list[dict]:
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def _assert_identical(reference: list[dict], resumed: list[dict]) -> None:
+    for ref, got in zip(reference, resumed, strict=True):
+        assert ref["global_step"] == got["global_step"]
+        for step, batch in got["seen"].items():  # the same data after the resume
+            assert torch.equal(ref["seen"][step], batch), step
+        for k in ref["model"]:
+            assert torch.equal(ref["model"][k], got["model"][k]), k
+        assert ref["optimizer"].keys() == got["optimizer"].keys()
+        for i, state in ref["optimizer"].items():
+            for name, value in state.items():
+                assert torch.equal(value, got["optimizer"][i][name]), (i, name)
+        assert torch.equal(ref["rng"], got["rng"])
+
+
+def _events(directory: Path) -> list[tuple[str, int | None]]:
+    lines = (directory / "runlog.jsonl").read_text().splitlines()
+    return [(e["event"], e.get("step")) for e in map(json.loads, lines)]
+
+
+# One process: 10 batches an epoch (the save due at step 10 then waits for 11), 2 epochs.
+ONE = ("--samples", "40")
+
+
+def test_a_sigtermed_then_sigkilled_run_resumes_bit_identically(tmp_path):
+    reference = _launch(tmp_path / "ref", tmp_path / "ref-out", *ONE)
+    directory = tmp_path / "ck"
+    # A scheduler's SIGTERM after step 8: Lightning stops at the batch's end, the callback
+    # saves step 8 once, records the preemption, and fit ends with Lightning's SystemExit.
+    rc, output = _finish(_launch(directory, tmp_path / "p", *ONE, "--sigterm-at", "8"))
+    assert rc == 0, output
+    (preempted,) = _results(tmp_path / "p", 1)
+    assert preempted["preempted"] and preempted["global_step"] == 8
+    assert preempted["saved_steps"] == [6, 8]
+    assert _events(directory)[-3:] == [("save", 8), ("preempted", 8), ("stop", None)]
+    # Relaunched, it resumes at 8, saves at 12 and 16, and dies by SIGKILL after step 14.
+    rc, output = _finish(_launch(directory, tmp_path / "k", *ONE, "--kill-at", "14"))
+    assert rc == -signal.SIGKILL, output
+    assert latest_checkpoint(directory).parent.name == "step-00000012"
+    rc, output = _finish(_launch(directory, tmp_path / "r", *ONE))
+    assert rc == 0, output
+    resumed = _results(tmp_path / "r", 1)
+    assert resumed[0]["resumed_from"] == 12
+    rc, output = _finish(reference)
+    assert rc == 0, output
+    assert _results(tmp_path / "ref-out", 1)[0]["saved_steps"] == [6, 11, 15, 19, 20]
+    _assert_identical(_results(tmp_path / "ref-out", 1), resumed)
+    # Neither the preemption nor the relaunches count as failures; the SIGKILL does.
+    from simulator.controller.runlog import failure_evidence, read_events
+
+    assert failure_evidence(read_events(directory / "runlog.jsonl")).failures == 1
+
+
+@pytest.mark.slow  # three two-process Lightning runs: about a minute of CPU
+def test_a_sigkilled_two_rank_ddp_run_resumes_bit_identically(tmp_path):
+    # 10 batches an epoch on each rank (torchdata's StatefulDistributedSampler), 2 epochs.
+    two = ("--devices", "2", "--samples", "80")
+    reference = _launch(tmp_path / "ref", tmp_path / "ref-out", *two)
+    directory = tmp_path / "ck"
+    # Saves at 6 and 11 (10 is an epoch's last batch); every rank dies after step 8, so the
+    # resumed run redoes 7 and 8 and crosses the epoch boundary.
+    rc, output = _finish(_launch(directory, tmp_path / "k", *two, "--kill-at", "8"))
+    assert rc != 0, output
+    assert latest_checkpoint(directory).parent.name == "step-00000006"
+    rc, output = _finish(_launch(directory, tmp_path / "r", *two))
+    assert rc == 0, output
+    resumed = _results(tmp_path / "r", 2)
+    assert [r["resumed_from"] for r in resumed] == [6, 6]
+    rc, output = _finish(reference)
+    assert rc == 0, output
+    reference = _results(tmp_path / "ref-out", 2)
+    assert [r["saved_steps"] for r in reference] == [[6, 11, 15, 19, 20]] * 2
+    # The ranks' dropout streams differ, so each rank's own RNG state came back.
+    assert not torch.equal(reference[0]["rng"], reference[1]["rng"])
+    _assert_identical(reference, resumed)

@@ -17,12 +17,32 @@ callback's ``state_dict`` carries every rank's, so a model with dropout resumes 
 As with Lightning's own checkpoints, an identical mid-epoch resume also needs a resumable
 dataloader (one with ``state_dict``/``load_state_dict``, e.g. torchdata's StatefulDataLoader).
 
-Resume with ``trainer.fit(model, ckpt_path=latest_checkpoint(directory))``.
+The run's life cycle follows the AdaptiveCheckpointer's. When training ends (``max_steps``,
+``max_epochs`` or a stop such as EarlyStopping's) the last step is saved if it was not already
+and the checkpoint is marked finished, so a relaunch restores it, trains nothing and says so
+(``callback.finished``); a run ended by a requested stop (EarlyStopping) stays stopped. A
+SIGTERM goes through Lightning's own SignalConnector, which stops the loops at a batch boundary
+with ``SIGTERMException`` (a SystemExit); the callback then saves that step once, records the
+preemption (not a failure) in the run log and closes, and Lightning's exception ends ``fit``.
+The inner AdaptiveCheckpointer therefore installs no signal handler of its own: two handlers
+would fight over SIGTERM. (Under DDP, Lightning 2.6's SIGTERM handler itself runs a
+collective inside the signal handler, which can deadlock the ranks; that is Lightning's.)
+
+Lightning cannot resume from a save at an epoch's last batch (it restores the loader at the
+epoch's end and then counts the next epoch as run), so a save due there waits one step.
+
+Resume with ``trainer.fit(model, ckpt_path=latest_checkpoint(directory))``. Once the directory
+holds a checkpoint, ``fit`` must resume from that newest one: no ``ckpt_path`` (a fresh start)
+or any other file (an older step, a ModelCheckpoint's) would write a second history into the
+same directory, whose newer checkpoints would then win the next resume, so it is refused with
+one line. Lightning's default ModelCheckpoint (``enable_checkpointing=True``) may run alongside;
+its extra saves at every epoch's end stall training outside the schedule, so that is warned.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import warnings
@@ -37,11 +57,14 @@ from simulator.controller.storage import (
     checkpoint_name,
     checkpoint_step,
 )
+from simulator.errors import InputError
 
 __all__ = ["CHECKPOINT_FILE", "AdaptiveCheckpoint", "latest_checkpoint"]
 
 CHECKPOINT_FILE = "lightning.ckpt"
 """The file Lightning writes inside each ``step-NNNNNNNN/`` directory."""
+
+log = logging.getLogger("simulator.controller")
 
 try:  # Lightning is optional: without it this module still imports, the callback does not.
     from lightning.pytorch.callbacks import Callback as _Callback
@@ -66,6 +89,18 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
         if (directory / name / CHECKPOINT_FILE).is_file():
             return directory / name / CHECKPOINT_FILE
     return None
+
+
+def _is_last_step(trainer, step: int) -> bool:
+    """``step`` is the last optimizer step the Trainer's limits allow."""
+    if trainer.max_steps is not None and 0 <= trainer.max_steps <= step:
+        return True
+    max_epochs = trainer.max_epochs
+    return (
+        trainer.is_last_batch
+        and max_epochs is not None
+        and 0 <= max_epochs <= trainer.current_epoch + 1
+    )
 
 
 class _TrainerBackend:
@@ -95,7 +130,8 @@ class AdaptiveCheckpoint(_Callback):
     """Saves ``step-NNNNNNNN/lightning.ckpt`` under ``directory`` when the adaptive interval is due.
 
     Use it with ``Trainer(enable_checkpointing=False, callbacks=[AdaptiveCheckpoint(...)])``
-    (or next to a ModelCheckpoint that keeps the best-k). The arguments are those of
+    (or next to a ModelCheckpoint that keeps the best-k) and resume with
+    ``trainer.fit(model, ckpt_path=latest_checkpoint(directory))``. The arguments are those of
     ``AdaptiveCheckpointer``, whose schedule, run log (in ``directory``) and failure-rate
     posterior this callback uses; Lightning writes the checkpoint itself.
     """
@@ -137,8 +173,23 @@ class AdaptiveCheckpoint(_Callback):
         self.schedule = None
         self.saved_steps: list[int] = []
         """Steps this callback saved at, in this process."""
+        self.finished = False
+        """The run had already finished: ``fit`` restored its final checkpoint, trained nothing."""
+        self.preempted = False
+        """A SIGTERM stopped this run; its step was saved."""
         self._last_step: int | None = None
+        self._last_saved: int | None = None
         self._rng_to_restore = None
+        # How the run whose checkpoint was restored had ended: None (it had not), "limits"
+        # (max_steps/max_epochs) or "stopped" (trainer.should_stop); the final save records it.
+        self._restored_finished: str | None = None
+        self._finishing: str | None = None
+
+    def _checkpointer_options(self, cls) -> dict[str, Any]:
+        options = dict(self._options)
+        # Lightning's SignalConnector owns SIGTERM (see the module docstring).
+        options["preemption_signals"] = ()
+        return options
 
     def _validate(self) -> None:
         # Fail at construction, not minutes later when the Trainer starts: build one and drop it.
@@ -150,25 +201,52 @@ class AdaptiveCheckpoint(_Callback):
         class _Rank1:  # a non-zero rank touches no files (no run log, no directory)
             rank, world_size = 1, 2
 
-        AdaptiveCheckpointer(
+        probe = AdaptiveCheckpointer(
             self.directory,
             model=torch.nn.Identity(),
             storage=MemoryStorage(),
             backend=_Rank1(),
-            **self._options,
+            **self._checkpointer_options(AdaptiveCheckpointer),
         )
+        probe.close()
+
+    # -- what the schedule says -------------------------------------------------------------
+    @property
+    def next_due_step(self) -> int | None:
+        """The step of the next scheduled save (None before training starts)."""
+        return None if self.schedule is None else self.schedule.next_due_step
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The schedule's current estimates and counters (``AdaptiveCheckpointer.stats``)."""
+        return {} if self.checkpointer is None else self.checkpointer.stats
 
     # -- Lightning hooks --------------------------------------------------------------------
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._check_resume_source(trainer)
+        self._warn_about_other_periodic_saves(trainer)
+
     def on_train_start(self, trainer, pl_module) -> None:
         from simulator.controller.checkpointer import AdaptiveCheckpointer
         from simulator.controller.external import ExternalSaveSchedule
 
+        if self._restored_finished == "stopped":
+            # The run had ended by a requested stop (EarlyStopping, say): nothing to redo.
+            # A run that ended by its limits needs nothing here: Lightning's own limit check
+            # skips training, unless the relaunch raised them (a deliberate extension).
+            trainer.should_stop = True
+            return
+        self._restored_finished = None
         self.checkpointer = AdaptiveCheckpointer(
-            self.directory, model=pl_module, backend=_TrainerBackend(trainer), **self._options
+            self.directory,
+            model=pl_module,
+            backend=_TrainerBackend(trainer),
+            **self._checkpointer_options(AdaptiveCheckpointer),
         )
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         step = trainer.global_step
         self._last_step = step
+        self._last_saved = step if step > 0 else None
         if self._rng_to_restore is not None:
             # Lightning restores callback state before the fit loop starts; setting the RNG
             # here, just before the first batch, puts it where the saved run was then.
@@ -178,17 +256,68 @@ class AdaptiveCheckpoint(_Callback):
             self._rng_to_restore = None
         self.schedule.start(step)
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.checkpointer is None:  # a finished run that trains on (min_steps not met)
+            return
         step = trainer.global_step
         if step == self._last_step:  # gradient accumulation: no optimizer step this batch
             return
         self._last_step = step
+        if _is_last_step(trainer, step):
+            return  # the last step's save comes at on_train_end
+        if trainer.is_last_batch:
+            # Lightning cannot resume from a save at an epoch's last batch: it restores the
+            # data loader at that epoch's end, counts the next epoch as run and skips it. A
+            # save due now waits one step, for the next epoch's first batch.
+            return
         if self.schedule.is_due(step):
             self.save(trainer, step)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # The fit loop ended by its limits or by a requested stop: the run is finished. Its
+        # last step is saved here rather than mid-batch, so the checkpoint holds the ended
+        # loop, which a relaunch restores and finds with no work left.
+        if self.checkpointer is None or self.checkpointer._closed:
+            return
+        step = trainer.global_step
+        if step > 0:
+            self._finishing = "stopped" if trainer.should_stop else "limits"
+            try:
+                self.save(trainer, step)
+            finally:
+                self._finishing = None
+        self._close(finished=True, step=step)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if self.checkpointer is None or self.checkpointer._closed:
+            return
+        if not isinstance(exception, SIGTERMException):
+            return  # a crash: no save, no clean stop (the run log counts it as a failure)
+        # Lightning raises it at a batch boundary (after the batch's validation), the point
+        # its own OnExceptionCheckpoint saves at; the exception is Lightning's way to stop,
+        # so there is no trainer.should_stop to set.
+        step = trainer.global_step
+        if step > 0 and step != self._last_saved:
+            self.save(trainer, step)
+        self.preempted = True
+        ckpt = self.checkpointer
+        ckpt.runlog.append(
+            "preempted", session_s=self.clock() - self.schedule._session_start, step=int(step)
+        )
+        log.info("SIGTERM: saved step %d in %s and stopped (preempted)", step, self.directory)
+        self._close(finished=False, step=step)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.checkpointer is None and self._restored_finished:
+            # The fit loop had nothing to do: Lightning restored the final checkpoint.
+            self.finished = True
+            log.info(
+                "the run in %s had already finished at step %d; nothing to train",
+                self.directory,
+                trainer.global_step,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         # Tensors plus a JSON string: Lightning loads checkpoints with weights_only=True,
@@ -205,19 +334,71 @@ class AdaptiveCheckpoint(_Callback):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             every = [None] * dist.get_world_size()
             dist.all_gather_object(every, mine)
-        return {"rng_per_rank": every}
+        return {"rng_per_rank": every, "finished": self._finishing}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         import torch.distributed as dist
 
         from simulator.controller.state import unflatten
 
+        self._restored_finished = state_dict.get("finished")
         every = state_dict.get("rng_per_rank")
         if not every:
             return
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         mine = every[rank] if rank < len(every) else every[0]  # a different world size
         self._rng_to_restore = unflatten(mine["tensors"], json.loads(mine["tree"]))
+
+    # -- checks at the start of fit ---------------------------------------------------------
+    def _check_resume_source(self, trainer) -> None:
+        """Refuse a fit that would write a second history into a directory holding one."""
+        problem = None
+        if trainer.is_global_zero:
+            problem = self._resume_problem(trainer.ckpt_path)
+        problem = trainer.strategy.broadcast(problem, src=0)
+        if problem is not None:
+            raise InputError(problem)
+
+    def _resume_problem(self, ckpt_path) -> str | None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn newest one: latest_checkpoint falls back
+            newest = latest_checkpoint(self.directory)
+        if newest is None:
+            return None
+        how = (
+            "resume with trainer.fit(model, ckpt_path=latest_checkpoint(directory)), "
+            "or give AdaptiveCheckpoint a new directory"
+        )
+        if not ckpt_path:
+            return (
+                f"{self.directory} already holds this run's checkpoints up to "
+                f"{newest.parent.name}, but trainer.fit got no ckpt_path (a fresh start): {how}"
+            )
+        if Path(ckpt_path).resolve() != newest.resolve():
+            return (
+                f"trainer.fit(ckpt_path={str(ckpt_path)!r}) is not the newest checkpoint in "
+                f"{self.directory} ({newest.parent.name}); resuming from it would mix two "
+                f"histories in one directory: {how}"
+            )
+        return None
+
+    def _warn_about_other_periodic_saves(self, trainer) -> None:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        unmonitored = [
+            cb
+            for cb in trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and cb.monitor is None
+        ]
+        if unmonitored and trainer.is_global_zero:
+            warnings.warn(
+                "a ModelCheckpoint without a monitor (Lightning adds one when "
+                "enable_checkpointing=True, the default) also saves at every epoch's end, "
+                "stalling training outside the adaptive schedule; pass "
+                "Trainer(enable_checkpointing=False) unless you want those saves too",
+                UserWarning,
+                stacklevel=2,
+            )
 
     # -- saving -----------------------------------------------------------------------------
     def save(self, trainer, step: int) -> Path:
@@ -231,13 +412,20 @@ class AdaptiveCheckpoint(_Callback):
             storage.remove(tmp)  # left by a save that crashed at this very step
             (self.directory / tmp).mkdir()
         trainer.strategy.barrier("ckptsim-mkdir")
-        trainer.save_checkpoint(self.directory / tmp / CHECKPOINT_FILE)  # collective
+        # weights_only=False is Lightning's default spelled out: the complete state (optimizers,
+        # loops, callbacks), without Lightning logging that it chose the default on every save.
+        trainer.save_checkpoint(self.directory / tmp / CHECKPOINT_FILE, weights_only=False)
         if trainer.is_global_zero:
             self._seal(storage, tmp, name)
         trainer.strategy.barrier("ckptsim-sealed")
         self.saved_steps.append(step)
+        self._last_saved = step
         self.schedule.record_save(step, stall_s=self.clock() - start)
         return self.directory / name
+
+    def _close(self, *, finished: bool, step: int) -> None:
+        # The core records "finished" at the last save record_save reported, which is ``step``.
+        self.checkpointer.close(finished=finished)
 
     def _seal(self, storage: LocalStorage, tmp: str, name: str) -> None:
         """fsync and manifest (files, then the manifest last), rename, retention."""
