@@ -273,19 +273,9 @@ class AdaptiveCheckpointer:
     def _due(self, step: int) -> bool:
         if self._inflight is not None and self._inflight.done():
             self._finish_inflight()
-        at_due = step >= self._planned_due
-        if self.backend.world_size == 1:
-            agreed = self._signalled
-        elif self._agreed is None and (at_due or step >= self._check_due):
-            # A check point: every rank is here at this step; rank 0 says if it was signalled.
-            self._broadcast_point(step, None)
-            agreed = self._agreed
-        else:
-            agreed = self._agreed
-        if agreed is not None:
+        if self._preempting(step):
             return self._preempt(step)
-        self._set_due(self._planned_due)
-        if not at_due:
+        if step < self._planned_due:
             return False
         if self.schedule.needs_probe and not self.schedule.needs_first_save:
             self._measure_iterations(step)
@@ -298,6 +288,23 @@ class AdaptiveCheckpointer:
         if self._agreed is not None:
             return self._preempt(step)
         return True
+
+    def _preempting(self, step: int) -> bool:
+        """Whether every rank acts on a preemption at ``step`` (the slow path's first question).
+
+        One process acts on its own signal. Several ranks act only on rank 0's, heard at a check
+        point (a due step, or every ~5 s of training) that every rank reaches at the same step.
+        When not preempting, the fast path's due step is set again. ``step()`` and the
+        frameworks' :class:`~simulator.controller.external.ExternalSaveSchedule` both ask here.
+        """
+        if self.backend.world_size == 1:
+            self._agreed = self._signalled
+        elif self._agreed is None and step >= min(self._planned_due, self._check_due):
+            self._broadcast_point(step, None)
+        if self._agreed is not None:
+            return True
+        self._set_due(self._planned_due)
+        return False
 
     def _set_due(self, due: int) -> None:
         self._planned_due = int(due)

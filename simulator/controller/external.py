@@ -85,17 +85,10 @@ class ExternalSaveSchedule:
         ckpt = self.ckpt
         if step < ckpt._next_due:
             return False
-        at_due = step >= ckpt._planned_due
-        if self.backend.world_size > 1 and ckpt._agreed is None:
-            if at_due or step >= ckpt._check_due:
-                ckpt._broadcast_point(step, None)
-        elif self.backend.world_size == 1:
-            ckpt._agreed = ckpt._signalled
-        if ckpt._agreed is not None:
+        if ckpt._preempting(step):
             self._measure(step)
             return True
-        ckpt._set_due(ckpt._planned_due)
-        if not at_due:
+        if step < ckpt._planned_due:
             return False
         if self.schedule.needs_probe and not self.schedule.needs_first_save:
             # The probe's end: the iteration time is known now, so the interval can be.
