@@ -6,31 +6,40 @@
 ``runlog`` (the run's record of its own restarts), ``backend`` (single process or
 torch.distributed), ``safe_metadata`` (DCP's metadata pickle, read as data, never run) and
 ``loader`` (a data loader that resumes exactly: ``ckpt.wrap(loader)``).
-This package imports torch; the simulation core does not.
+Its entry points import torch, on first use (``from simulator.controller import
+AdaptiveCheckpointer``): the torch-free parts (``runlog``, which ``ckptsim plot controller``
+reads) import without it, as does the simulation core.
 """
 
-from simulator.controller.backend import Backend, LocalBackend
-from simulator.controller.checkpointer import PREEMPTED_EXIT_CODE, AdaptiveCheckpointer
-from simulator.controller.integrity import (
-    CheckpointWriteError,
-    CorruptCheckpoint,
-    IncompatibleCheckpoint,
-    UnsafeCheckpoint,
-)
-from simulator.controller.loader import ResumableLoader
-from simulator.controller.storage import LocalStorage, MemoryStorage, Storage
+import importlib
 
-__all__ = [
-    "PREEMPTED_EXIT_CODE",
-    "AdaptiveCheckpointer",
-    "Backend",
-    "CheckpointWriteError",
-    "CorruptCheckpoint",
-    "IncompatibleCheckpoint",
-    "LocalBackend",
-    "LocalStorage",
-    "MemoryStorage",
-    "ResumableLoader",
-    "Storage",
-    "UnsafeCheckpoint",
-]
+# Each public name and the module that defines it, imported on first access (PEP 562).
+_EXPORTS = {
+    "PREEMPTED_EXIT_CODE": "checkpointer",
+    "AdaptiveCheckpointer": "checkpointer",
+    "Backend": "backend",
+    "LocalBackend": "backend",
+    "CheckpointWriteError": "integrity",
+    "CorruptCheckpoint": "integrity",
+    "IncompatibleCheckpoint": "integrity",
+    "UnsafeCheckpoint": "integrity",
+    "ResumableLoader": "loader",
+    "LocalStorage": "storage",
+    "MemoryStorage": "storage",
+    "Storage": "storage",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
