@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -185,7 +186,7 @@ class AdaptiveCheckpoint(_Callback):
         self._restored_finished: str | None = None
         self._finishing: str | None = None
 
-    def _checkpointer_options(self, cls) -> dict[str, Any]:
+    def _checkpointer_options(self) -> dict[str, Any]:
         options = dict(self._options)
         # Lightning's SignalConnector owns SIGTERM (see the module docstring).
         options["preemption_signals"] = ()
@@ -206,7 +207,7 @@ class AdaptiveCheckpoint(_Callback):
             model=torch.nn.Identity(),
             storage=MemoryStorage(),
             backend=_Rank1(),
-            **self._checkpointer_options(AdaptiveCheckpointer),
+            **self._checkpointer_options(),
         )
         probe.close()
 
@@ -241,7 +242,7 @@ class AdaptiveCheckpoint(_Callback):
             self.directory,
             model=pl_module,
             backend=_TrainerBackend(trainer),
-            **self._checkpointer_options(AdaptiveCheckpointer),
+            **self._checkpointer_options(),
         )
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         step = trainer.global_step
@@ -286,7 +287,7 @@ class AdaptiveCheckpoint(_Callback):
                 self.save(trainer, step)
             finally:
                 self._finishing = None
-        self._close(finished=True, step=step)
+        self.checkpointer.close(finished=True)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -302,12 +303,9 @@ class AdaptiveCheckpoint(_Callback):
         if step > 0 and step != self._last_saved:
             self.save(trainer, step)
         self.preempted = True
-        ckpt = self.checkpointer
-        ckpt.runlog.append(
-            "preempted", session_s=self.clock() - self.schedule._session_start, step=int(step)
-        )
+        self.checkpointer._note_preempted(int(step), signal.SIGTERM)  # the core's record of it
         log.info("SIGTERM: saved step %d in %s and stopped (preempted)", step, self.directory)
-        self._close(finished=False, step=step)
+        self.checkpointer.close(finished=False)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.checkpointer is None and self._restored_finished:
@@ -422,10 +420,6 @@ class AdaptiveCheckpoint(_Callback):
         self._last_saved = step
         self.schedule.record_save(step, stall_s=self.clock() - start)
         return self.directory / name
-
-    def _close(self, *, finished: bool, step: int) -> None:
-        # The core records "finished" at the last save record_save reported, which is ``step``.
-        self.checkpointer.close(finished=finished)
 
     def _seal(self, storage: LocalStorage, tmp: str, name: str) -> None:
         """fsync and manifest (files, then the manifest last), rename, retention."""
