@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.cli import build_parser, main
-from simulator.cli.common import SCENARIO_FLAGS, scenario_from_args
+from simulator.cli.common import scenario_flags, scenario_from_args
 from simulator.scenario import Scenario
 
 SCENARIO_COMMANDS = ("optimize", "simulate", "sweep", "plot")
@@ -41,14 +41,17 @@ LEADING = {"plot": ["interval", "--out", "x"]}
 
 def argv_for(command):
     flags = [
-        a for f in SCENARIO_FLAGS if f != "mtbf_h" for a in (f"--{f.replace('_', '-')}", VALUES[f])
+        a
+        for f in scenario_flags()
+        if f != "mtbf_h"
+        for a in (f"--{f.replace('_', '-')}", VALUES[f])
     ]
     return [command, *LEADING.get(command, []), *flags]
 
 
 @pytest.mark.parametrize("command", SCENARIO_COMMANDS)
 def test_every_model_input_is_a_flag_of_every_command_and_reaches_the_scenario(command):
-    assert set(VALUES) | {"mtbf_h"} == set(SCENARIO_FLAGS)
+    assert set(VALUES) | {"mtbf_h"} == set(scenario_flags())
     args = build_parser().parse_args(argv_for(command))
     scenario = scenario_from_args(args)
     for field, text in VALUES.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -238,37 +239,19 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-SCENARIO_FLAGS = (
-    "gpus",
-    "gpus_per_node",
-    "mtbf_h",
-    "gpu_mtbf_h",
-    "failure",
-    "checkpoint_s",
-    "restart_s",
-    "work_h",
-    "usd_per_gpu_hour",
-    "node_mtbf_h",
-    "detection_s",
-    "warmup_s",
-    "spares",
-    "repair_h",
-    "repair",
-    "staging_s",
-    "component_age",
-    "checkpoint_bytes",
-    "write_bytes_per_s_per_node",
-    "storage_bytes_per_s",
-    "writer_nodes",
-    "read_bytes_per_s",
-    "usd_per_gb_month",
-    "checkpoints_retained",
-)
-"""Scenario fields that ``add_scenario_flags`` declares, each as ``--field-name``."""
+@functools.cache
+def scenario_flags() -> tuple[str, ...]:
+    """Scenario fields that :func:`add_scenario_flags` declares, each as ``--field-name``.
+
+    Read off the declarations themselves, so a new flag is one ``add_argument`` call.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    add_scenario_flags(parser)
+    return tuple(a.dest for a in parser._actions if a.dest != "scenario")
 
 
 def _overrides(args: argparse.Namespace, extra: dict[str, Any] | None) -> dict[str, Any]:
-    overrides = {k: getattr(args, k, None) for k in SCENARIO_FLAGS}
+    overrides = {k: getattr(args, k, None) for k in scenario_flags()}
     # A staging copy is what an asynchronous save stalls for: giving it means "save async".
     if overrides["staging_s"] is not None:
         overrides["async_checkpoint"] = True

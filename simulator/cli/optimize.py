@@ -154,10 +154,10 @@ def scenario_recovery_s(scenario) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from simulator.cli.common import (
-        SCENARIO_FLAGS,
         print_json,
         require_failure_rate,
         require_work,
+        scenario_flags,
         scenario_from_args,
         uses_default_preset,
     )
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if default:
         source = f"embedded default preset {DEFAULT_PRESET}"
     elif args.scenario:
-        flags = any(getattr(args, k, None) is not None for k in SCENARIO_FLAGS)
+        flags = any(getattr(args, k, None) is not None for k in scenario_flags())
         source = f"--scenario {args.scenario}" + (" with flag overrides" if flags else "")
     else:
         source = "command-line flags"
