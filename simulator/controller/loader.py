@@ -182,10 +182,19 @@ class ResumableLoader:
 
     # -- iteration --------------------------------------------------------------------------
     def _generators(self) -> list[torch.Generator]:
-        """The loader's and its sampler's own generators (each once), in a fixed order."""
+        """The loader's and its samplers' own generators (each once), in a fixed order.
+
+        With ``batch_sampler=BatchSampler(RandomSampler(..., generator=g))`` the permutation
+        comes from the batch sampler's sampler; ``loader.sampler`` is then an unused default.
+        """
         found: list[torch.Generator] = []
-        sampler = getattr(self.loader, "sampler", None)
-        for g in (getattr(self.loader, "generator", None), getattr(sampler, "generator", None)):
+        samplers = (
+            getattr(self.loader, "sampler", None),
+            getattr(getattr(self.loader, "batch_sampler", None), "sampler", None),
+        )
+        candidates = [getattr(self.loader, "generator", None)]
+        candidates += [getattr(s, "generator", None) for s in samplers]
+        for g in candidates:
             if isinstance(g, torch.Generator) and all(g is not h for h in found):
                 found.append(g)
         return found
