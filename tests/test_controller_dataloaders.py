@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -391,3 +392,24 @@ def test_the_shuffle_and_the_draws_after_it_continue_as_if_never_stopped(tmp_pat
     assert len(resumed) == len(whole) - 6 == 7
     for a, b in zip(whole[6:], resumed, strict=True):
         assert all(x is y or torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_iterating_the_wrapped_loader_twice_in_an_epoch_is_said_once(tmp_path):
+    # Peeking with next(iter(loader)) counts an epoch: a resume's range(loader.epoch, epochs)
+    # then ends the run early (and close() marks it finished), so the first one is named.
+    from simulator.controller import AdaptiveCheckpointer
+
+    ckpt = AdaptiveCheckpointer(tmp_path, model=torch.nn.Linear(1, 1))
+    loader = ckpt.wrap(torch.utils.data.DataLoader(_dataset(), batch_size=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # whole epochs: nothing to say
+            for _batch in loader:
+                pass
+    with pytest.warns(UserWarning, match=r"epoch 2 was left after 1 of 4 batches") as caught:
+        for _ in range(2):
+            next(iter(loader))
+            for _batch in loader:
+                pass
+    assert len(caught) == 1
+    ckpt.close()

@@ -33,6 +33,7 @@ a resume cannot recreate it; a ``StatefulDataLoader`` handles that case itself.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -174,6 +175,8 @@ class ResumableLoader:
         self.epoch = 0
         self.position = 0
         self._started = False
+        self._ended = True  # the last iterator ran to its end (or none was made yet)
+        self._warned = False
         self._epoch_rng: dict[str, Any] | None = None
         self._pending: dict[str, Any] | None = None
 
@@ -215,6 +218,7 @@ class ResumableLoader:
                 return self._serve(self._resumed(state))
             self.epoch, self._started = state["epoch"], False  # saved before its first iter()
         if self._started:
+            self._warn_if_left(self.position)
             self.epoch += 1
         self._started, self.position = True, 0
         self._set_epoch()
@@ -225,9 +229,29 @@ class ResumableLoader:
         return self._serve(iter(self.loader))
 
     def _serve(self, it: Iterator) -> Iterator:
+        self._ended = False
         for batch in it:
             self.position += 1
             yield batch
+        self._ended = True
+
+    def _warn_if_left(self, served: int) -> None:
+        """Each ``iter()`` is a new epoch: say so once when one is left part-way.
+
+        ``next(iter(loader))`` to peek at a batch, or a second ``for`` over the wrapped loader in
+        one epoch, counts an epoch each time; the README's ``range(loader.epoch, epochs)`` then
+        ends a resumed run early. (A ``break`` followed by a new ``for`` is the same to us.)
+        """
+        if self._ended or self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f"a new iter() of the wrapped loader starts epoch {self.epoch + 1} while epoch "
+            f"{self.epoch} was left after {served} of {_length(self.loader)} batches: each "
+            "iter() is a new epoch, so iterate the wrapped loader once per epoch (peek at a "
+            "batch through the loader you built, not the wrapped one)",
+            stacklevel=3,
+        )
 
     def _resumed(self, state: dict) -> Iterator:
         """The saved epoch's iterator at the saved position; the RNG as restore() left it."""
