@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -348,14 +349,23 @@ def test_a_save_before_the_first_epoch_resumes_as_the_fresh_start_it_was(tmp_pat
     assert all(torch.equal(a, b) for a, b in zip(resumed, fresh, strict=True))
 
 
-def _draws_over_epochs(directory: Path, generator: bool, save_at: int, stop_at: int | None):
-    """Batches and a dropout-like draw per step over 3 epochs; stops (unclosed) at stop_at."""
+def _draws_over_epochs(directory: Path, generator: str, save_at: int, stop_at: int | None):
+    """Batches and a dropout-like draw per step over 3 epochs; stops (unclosed) at stop_at.
+
+    ``generator``: "" (global RNG only), "loader" (``DataLoader(generator=g)``) or
+    "batch_sampler" (``batch_sampler=BatchSampler(RandomSampler(generator=g))``).
+    """
     from simulator.controller import AdaptiveCheckpointer
 
     torch.manual_seed(3)  # as a fresh process would
     g = torch.Generator().manual_seed(9) if generator else None
     ckpt = AdaptiveCheckpointer(directory, model=torch.nn.Linear(1, 1))
-    data = torch.utils.data.DataLoader(_dataset(), batch_size=4, shuffle=True, generator=g)
+    if generator == "batch_sampler":
+        sampler = torch.utils.data.RandomSampler(_dataset(), generator=g)
+        batches = torch.utils.data.BatchSampler(sampler, batch_size=4, drop_last=False)
+        data = torch.utils.data.DataLoader(_dataset(), batch_sampler=batches)
+    else:
+        data = torch.utils.data.DataLoader(_dataset(), batch_size=4, shuffle=True, generator=g)
     loader = ckpt.wrap(data)
     step, seen = ckpt.restore(), []
     for _ in range(loader.epoch, 3):
@@ -371,14 +381,35 @@ def _draws_over_epochs(directory: Path, generator: bool, save_at: int, stop_at: 
     return [*seen, (torch.get_rng_state(), g.get_state() if g is not None else None)]
 
 
-@pytest.mark.parametrize("generator", [False, True])
+@pytest.mark.parametrize("generator", ["", "loader", "batch_sampler"])
 def test_the_shuffle_and_the_draws_after_it_continue_as_if_never_stopped(tmp_path, generator):
     # Saved mid-epoch 1 (step 6, 4 per epoch), stopped in epoch 2: the resume redoes epoch 1's
-    # last batches and epoch 2, with the loader's own generator if it has one (whose state at
-    # epoch 1's start is not its seed's).
+    # last batches and epoch 2, with the loader's or its batch sampler's own generator if it
+    # has one (whose state at epoch 1's start is not its seed's).
     whole = _draws_over_epochs(tmp_path / "whole", generator, save_at=0, stop_at=None)
     _draws_over_epochs(tmp_path / "cut", generator, save_at=6, stop_at=9)
     resumed = _draws_over_epochs(tmp_path / "cut", generator, save_at=0, stop_at=None)
     assert len(resumed) == len(whole) - 6 == 7
     for a, b in zip(whole[6:], resumed, strict=True):
         assert all(x is y or torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_iterating_the_wrapped_loader_twice_in_an_epoch_is_said_once(tmp_path):
+    # Peeking with next(iter(loader)) counts an epoch: a resume's range(loader.epoch, epochs)
+    # then ends the run early (and close() marks it finished), so the first one is named.
+    from simulator.controller import AdaptiveCheckpointer
+
+    ckpt = AdaptiveCheckpointer(tmp_path, model=torch.nn.Linear(1, 1))
+    loader = ckpt.wrap(torch.utils.data.DataLoader(_dataset(), batch_size=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # whole epochs: nothing to say
+            for _batch in loader:
+                pass
+    with pytest.warns(UserWarning, match=r"epoch 2 was left after 1 of 4 batches") as caught:
+        for _ in range(2):
+            next(iter(loader))
+            for _batch in loader:
+                pass
+    assert len(caught) == 1
+    ckpt.close()

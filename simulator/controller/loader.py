@@ -33,6 +33,7 @@ a resume cannot recreate it; a ``StatefulDataLoader`` handles that case itself.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -174,6 +175,8 @@ class ResumableLoader:
         self.epoch = 0
         self.position = 0
         self._started = False
+        self._ended = True  # the last iterator ran to its end (or none was made yet)
+        self._warned = False
         self._epoch_rng: dict[str, Any] | None = None
         self._pending: dict[str, Any] | None = None
 
@@ -182,10 +185,19 @@ class ResumableLoader:
 
     # -- iteration --------------------------------------------------------------------------
     def _generators(self) -> list[torch.Generator]:
-        """The loader's and its sampler's own generators (each once), in a fixed order."""
+        """The loader's and its samplers' own generators (each once), in a fixed order.
+
+        With ``batch_sampler=BatchSampler(RandomSampler(..., generator=g))`` the permutation
+        comes from the batch sampler's sampler; ``loader.sampler`` is then an unused default.
+        """
         found: list[torch.Generator] = []
-        sampler = getattr(self.loader, "sampler", None)
-        for g in (getattr(self.loader, "generator", None), getattr(sampler, "generator", None)):
+        samplers = (
+            getattr(self.loader, "sampler", None),
+            getattr(getattr(self.loader, "batch_sampler", None), "sampler", None),
+        )
+        candidates = [getattr(self.loader, "generator", None)]
+        candidates += [getattr(s, "generator", None) for s in samplers]
+        for g in candidates:
             if isinstance(g, torch.Generator) and all(g is not h for h in found):
                 found.append(g)
         return found
@@ -206,6 +218,7 @@ class ResumableLoader:
                 return self._serve(self._resumed(state))
             self.epoch, self._started = state["epoch"], False  # saved before its first iter()
         if self._started:
+            self._warn_if_left(self.position)
             self.epoch += 1
         self._started, self.position = True, 0
         self._set_epoch()
@@ -216,9 +229,29 @@ class ResumableLoader:
         return self._serve(iter(self.loader))
 
     def _serve(self, it: Iterator) -> Iterator:
+        self._ended = False
         for batch in it:
             self.position += 1
             yield batch
+        self._ended = True
+
+    def _warn_if_left(self, served: int) -> None:
+        """Each ``iter()`` is a new epoch: say so once when one is left part-way.
+
+        ``next(iter(loader))`` to peek at a batch, or a second ``for`` over the wrapped loader in
+        one epoch, counts an epoch each time; the README's ``range(loader.epoch, epochs)`` then
+        ends a resumed run early. (A ``break`` followed by a new ``for`` is the same to us.)
+        """
+        if self._ended or self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f"a new iter() of the wrapped loader starts epoch {self.epoch + 1} while epoch "
+            f"{self.epoch} was left after {served} of {_length(self.loader)} batches: each "
+            "iter() is a new epoch, so iterate the wrapped loader once per epoch (peek at a "
+            "batch through the loader you built, not the wrapped one)",
+            stacklevel=3,
+        )
 
     def _resumed(self, state: dict) -> Iterator:
         """The saved epoch's iterator at the saved position; the RNG as restore() left it."""
