@@ -10,14 +10,19 @@ so no collective runs on the other steps.
 A save captures the whole run (:mod:`simulator.controller.state`), writes it so that it counts
 only once complete (:mod:`simulator.ckptio`, or temp dir + manifest + rename around a
 distributed backend), then applies retention (:mod:`simulator.controller.storage`). Restore
-takes the newest checkpoint that verifies, warns and falls back past corrupt ones, refuses a
-checkpoint carrying a pickle, and refuses one written with a different configuration.
+takes the newest checkpoint that verifies, warns and falls back past corrupt ones (moving them
+aside, never deleting them), refuses a checkpoint carrying a pickle, and refuses one written
+with a different configuration. It never starts afresh silently: when the directory holds
+checkpoints but none is intact it raises :class:`NoIntactCheckpoint` unless the user allowed
+it. One checkpointer at a time writes a directory (:mod:`simulator.controller.lock`); a
+read-only directory can still be restored from.
 """
 
 from __future__ import annotations
 
 import atexit
 import math
+import os
 import sys
 import time
 import warnings
@@ -31,15 +36,21 @@ from simulator.controller.backend import Backend, LocalBackend
 from simulator.controller.commit import (
     check_config,
     choose_checkpoint,
+    misnamed,
     normalise_config,
-    quarantine,
+    reject,
+    rejected_aside,
     write_and_commit,
 )
 from simulator.controller.integrity import (
+    CheckpointLocked,
     CheckpointWriteError,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
+    NoIntactCheckpoint,
+    UnsafeCheckpoint,
 )
+from simulator.controller.lock import READ_ONLY_ERRNOS, DirectoryLock
 from simulator.controller.runlog import RunLog
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, restore_state, stage
@@ -70,6 +81,13 @@ class AdaptiveCheckpointer:
     ``config`` is a JSON-able snapshot that a resume must match. ``storage`` must address
     ``directory`` (a :class:`LocalStorage` or a subclass); ``clock`` is injectable for tests;
     ``probe_steps`` steps measure the iteration time before the first interval is chosen.
+    ``allow_fresh_start``: when the directory holds checkpoints but none is intact, restore
+    from step 0 with a warning instead of raising :class:`NoIntactCheckpoint`.
+
+    Rank 0 holds an exclusive lock on ``directory`` until :meth:`close` (or its death); a
+    second process raises :class:`CheckpointLocked` naming the holder. A read-only
+    ``directory`` is opened for restoring only: nothing is written there, and a save raises
+    :class:`CheckpointWriteError`.
     """
 
     def __init__(
@@ -95,6 +113,7 @@ class AdaptiveCheckpointer:
         backend: Backend | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe_steps: int = 20,
+        allow_fresh_start: bool = False,
     ):
         self.root = Path(directory)
         self._objects = dict(
@@ -168,9 +187,19 @@ class AdaptiveCheckpointer:
         )
 
         is_rank0 = self.backend.rank == 0
-        self.runlog = RunLog(self.root, enabled=is_rank0)
+        self.allow_fresh_start = bool(allow_fresh_start)
+        self.read_only = False
+        """The directory cannot be written: restore works, a save raises."""
+        # Only rank 0 locks: every rank shares the directory, and only rank 0 deletes in it.
+        self._lock = DirectoryLock(self.root)
+        locked = self._open_directory() if is_rank0 else None
+        if self.backend.world_size > 1:
+            # Every rank refuses together, and knows whether a save can be written at all.
+            locked, self.read_only = self.backend.broadcast((locked, self.read_only))
+        if locked is not None:
+            raise CheckpointLocked(locked)
+        self.runlog = RunLog(self.root, enabled=is_rank0 and not self.read_only)
         if is_rank0:
-            self.root.mkdir(parents=True, exist_ok=True)
             evidence = self.runlog.evidence()
             self.schedule.set_history(evidence.failures, evidence.exposure_s)
         self._session_start = clock()
@@ -298,6 +327,11 @@ class AdaptiveCheckpointer:
             self._write_failed = False
 
     def _write_and_commit(self, step: int, state: dict) -> None:
+        if self.read_only:
+            raise CheckpointWriteError(
+                f"checkpoint directory {self.root} is read-only (opened for restoring only); "
+                "give a writable directory to save"
+            )
         t0 = self.clock()
         write_and_commit(
             self.root, self.storage, self.backend, step, state, barriers=not self.async_save
@@ -316,21 +350,64 @@ class AdaptiveCheckpointer:
                 warnings.warn(f"checkpoint retention failed: {exc}", stacklevel=2)
 
     # -- restoring --------------------------------------------------------------------------
+    def _open_directory(self) -> str | None:
+        """Rank 0: create and lock the directory; the refusal when another run holds it."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointWriteError(
+                f"cannot create the checkpoint directory {self.root}: {exc.strerror or exc}"
+            ) from None
+        try:
+            self._lock.acquire()
+        except CheckpointLocked as exc:
+            return str(exc)
+        except OSError as exc:
+            if exc.errno in READ_ONLY_ERRNOS and not os.access(self.root, os.W_OK):
+                self.read_only = True
+                warnings.warn(
+                    f"checkpoint directory {self.root} is read-only: restoring only (no lock, "
+                    "no run log, no clean-up); a save will fail",
+                    stacklevel=3,
+                )
+            else:
+                warnings.warn(
+                    f"cannot lock checkpoint directory {self.root} ({exc.strerror or exc}): "
+                    "nothing stops a second run from writing into it; nothing is cleaned up",
+                    stacklevel=3,
+                )
+        return None
+
     def restore(self) -> int:
-        """Load the newest intact checkpoint; returns the steps it holds (0: none found)."""
-        choice, error = None, None
-        if self.backend.rank == 0:
-            try:
-                choice = self._choose()
-            except IncompatibleCheckpoint as exc:
-                error = str(exc)
-        choice, error = self.backend.broadcast((choice, error))
-        if error is not None:
-            raise IncompatibleCheckpoint(error)
-        candidates = [choice] if choice is not None else []
-        step = 0
-        while candidates:
-            name = candidates.pop(0)
+        """Load the newest intact checkpoint; returns the steps it holds (0: none found).
+
+        Raises :class:`NoIntactCheckpoint` when there are checkpoints but none is intact
+        (unless ``allow_fresh_start``), :class:`IncompatibleCheckpoint` for another
+        configuration or model, :class:`UnsafeCheckpoint` for a pickle. The run log records
+        such a launch as ``refused``: it never trained, so it is no failure of the hardware.
+        A refusal also closes the checkpointer (the lock is released; nothing is saved).
+        """
+        try:
+            step = self._load_newest()
+        except (IncompatibleCheckpoint, NoIntactCheckpoint, UnsafeCheckpoint) as exc:
+            self.runlog.append(
+                "refused", session_s=self.clock() - self._session_start, reason=str(exc)
+            )
+            self._closed = True  # no "stop": the launch ended before training
+            atexit.unregister(self._exit_hook)
+            self._lock.release()
+            raise
+        now = self.clock()
+        self._mark_step, self._mark_t = step, now
+        self.runlog.append("restore", session_s=now - self._session_start, step=step)
+        due = self.schedule.next_due(step, age_s=now - self._session_start)
+        self._planned_due = self._next_due = int(self.backend.broadcast(due))
+        return step
+
+    def _load_newest(self) -> int:
+        self._rejected: dict[str, str] = {}  # rank 0: name -> why, in this restore
+        self._aside_before = rejected_aside(self.storage) if self.backend.rank == 0 else []
+        while (name := self._choose_everywhere()) is not None:
             template = capture_state(
                 step=0, config=self.config, backend=self.backend, **self._objects
             )
@@ -339,9 +416,12 @@ class AdaptiveCheckpointer:
             except CorruptCheckpoint as exc:
                 if self.backend.world_size > 1:
                     raise  # verified by rank 0 yet unreadable here: no silent divergence
-                warnings.warn(f"{exc}; falling back to an older checkpoint", stacklevel=2)
-                quarantine(self.storage, name)
-                candidates = [n for n in [self._choose()] if n is not None]
+                self._reject(name, "corrupt", str(exc))
+                continue
+            # A distributed checkpoint's step is known only now; every rank reads the same.
+            mismatch = misnamed(name, state.get("step"))
+            if mismatch is not None:
+                self._reject(name, "misnamed", mismatch)
                 continue
             check_config(self.root / name, state.get("config"), self.config)
             try:
@@ -353,16 +433,58 @@ class AdaptiveCheckpointer:
                 ) from None
             self.schedule.seed(Estimates(**state.get("controller", {})))
             self.resumed_from = self.last_saved_step = step
-            break
-        now = self.clock()
-        self._mark_step, self._mark_t = step, now
-        self.runlog.append("restore", session_s=now - self._session_start, step=step)
-        due = self.schedule.next_due(step, age_s=now - self._session_start)
-        self._planned_due = self._next_due = int(self.backend.broadcast(due))
-        return step
+            return step
+        return 0
+
+    def _reject(self, name: str, why: str, reason: str) -> None:
+        if self.backend.rank != 0:
+            return
+        line = reject(self.storage, name, why, reason, move=self._lock.held)
+        warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
+        self._rejected[name] = line
+
+    def _choose_everywhere(self) -> str | None:
+        """Rank 0 chooses; every rank gets the choice, or raises the same refusal."""
+        choice, error = None, None
+        if self.backend.rank == 0:
+            try:
+                choice = self._choose()
+            except (IncompatibleCheckpoint, NoIntactCheckpoint) as exc:
+                error = (isinstance(exc, NoIntactCheckpoint), str(exc))
+        choice, error = self.backend.broadcast((choice, error))
+        if error is not None:
+            raise (NoIntactCheckpoint if error[0] else IncompatibleCheckpoint)(error[1])
+        return choice
 
     def _choose(self) -> str | None:
-        return choose_checkpoint(self.root, self.storage, self.config)
+        choice, rejected = choose_checkpoint(
+            self.root,
+            self.storage,
+            self.config,
+            tidy=self._lock.held,
+            skip=frozenset(self._rejected),
+        )
+        for name, line in rejected.items():
+            warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
+            self._rejected[name] = line
+        if choice is not None:
+            return choice
+        lines = list(self._rejected.values()) + [
+            f"{n}: moved aside by an earlier launch" for n in self._aside_before
+        ]
+        if lines and not self.allow_fresh_start:
+            raise NoIntactCheckpoint(
+                f"no intact checkpoint to resume from in {self.root}: {'; '.join(lines)}. "
+                "Nothing was deleted: rescue one by hand (rename it back), or pass "
+                "allow_fresh_start=True to start from step 0"
+            )
+        if lines:
+            warnings.warn(
+                f"no intact checkpoint in {self.root}; starting from step 0 as "
+                "allow_fresh_start permits",
+                stacklevel=4,
+            )
+        return None
 
     # -- the rest ---------------------------------------------------------------------------
     @property
@@ -400,6 +522,7 @@ class AdaptiveCheckpointer:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
             self.runlog.append("stop", session_s=self.clock() - self._session_start)
+            self._lock.release()
 
     def __enter__(self) -> AdaptiveCheckpointer:
         return self
