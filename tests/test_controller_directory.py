@@ -9,6 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -59,19 +61,19 @@ def step_dirs(directory):
 
 
 # -- one writer per directory -------------------------------------------------------------------
-def _hold_the_directory(directory, ready, done):
+def _hold_the_directory(directory, ready):
     """A run that saved step 1 and is now writing step 2 (its temp directory exists)."""
     ck = checkpointer(directory, make_model())
     ck.restore()
     ck.save(1)
     (Path(directory) / f".{checkpoint_name(2)}.tmp-{os.getpid()}-0000").mkdir()
     ready.set()
-    done.wait(120)
+    time.sleep(120)  # until killed (an Event would be left broken by the SIGKILL)
 
 
 def test_a_second_process_on_the_directory_is_refused_naming_the_holder(tmp_path):
-    ready, done = _FORK.Event(), _FORK.Event()
-    holder = _FORK.Process(target=_hold_the_directory, args=(tmp_path, ready, done))
+    ready = _FORK.Event()
+    holder = _FORK.Process(target=_hold_the_directory, args=(tmp_path, ready))
     holder.start()
     try:
         assert ready.wait(60)
@@ -88,10 +90,9 @@ def test_a_second_process_on_the_directory_is_refused_naming_the_holder(tmp_path
         assert resume(tmp_path)[0] == 1
         assert not in_flight.exists()  # now a crash's leftover, cleaned by the lock holder
     finally:
-        done.set()
-        holder.join(30)
         if holder.is_alive():
             holder.kill()
+        holder.join(30)
 
 
 def test_close_releases_the_lock_and_a_second_checkpointer_in_one_process_is_told_why(tmp_path):
@@ -254,12 +255,17 @@ def test_a_refused_launch_is_logged_as_refused_and_is_no_hardware_failure(tmp_pa
 
 
 # -- a read-only snapshot -----------------------------------------------------------------------
+_READ_ONLY_MOUNT = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1"'
+
+
 def _can_mount_read_only() -> bool:
-    probe = "mount --bind /tmp /tmp && mount -o remount,ro,bind /tmp"
-    try:
-        return subprocess.run(["unshare", "-rm", "sh", "-c", probe], timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    """A user namespace may bind-mount a directory read-only: a real EROFS, no root needed."""
+    with tempfile.TemporaryDirectory() as probe:
+        command = ["unshare", "-rm", "sh", "-c", _READ_ONLY_MOUNT, "sh", probe]
+        try:
+            return subprocess.run(command, capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
 
 
 _RESTORE_FROM_SNAPSHOT = """
@@ -290,7 +296,7 @@ def test_a_read_only_snapshot_restores_and_writes_nothing_and_a_save_fails_clear
     before = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in snapshot.rglob("*"))
     script = tmp_path / "restore.py"
     script.write_text(_RESTORE_FROM_SNAPSHOT)
-    mount = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && exec "$2" "$3" "$1"'
+    mount = _READ_ONLY_MOUNT + ' && exec "$2" "$3" "$1"'
     run = subprocess.run(
         ["unshare", "-rm", "sh", "-c", mount, "sh", str(snapshot), sys.executable, str(script)],
         capture_output=True, text=True, timeout=120,
@@ -302,3 +308,13 @@ def test_a_read_only_snapshot_restores_and_writes_nothing_and_a_save_fails_clear
     assert out["SAVE"].startswith("CheckpointWriteError") and "read-only" in out["SAVE"]
     after = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in snapshot.rglob("*"))
     assert after == before
+
+
+def test_a_run_log_that_cannot_be_written_never_fails_a_save(tmp_path):
+    ck = checkpointer(tmp_path, make_model())
+    (tmp_path / RUNLOG).unlink()
+    (tmp_path / RUNLOG).mkdir()  # EISDIR on every append from now on
+    with pytest.warns(UserWarning, match="cannot write the run log"):
+        ck.save(1)
+    ck.close()
+    assert resume(tmp_path)[0] == 1

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import math
-import os
 import sys
 import time
 import warnings
@@ -50,7 +49,7 @@ from simulator.controller.integrity import (
     NoIntactCheckpoint,
     UnsafeCheckpoint,
 )
-from simulator.controller.lock import READ_ONLY_ERRNOS, DirectoryLock
+from simulator.controller.lock import READ_ONLY, DirectoryLock, open_directory
 from simulator.controller.runlog import RunLog
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, restore_state, stage
@@ -188,16 +187,16 @@ class AdaptiveCheckpointer:
 
         is_rank0 = self.backend.rank == 0
         self.allow_fresh_start = bool(allow_fresh_start)
-        self.read_only = False
-        """The directory cannot be written: restore works, a save raises."""
         # Only rank 0 locks: every rank shares the directory, and only rank 0 deletes in it.
         self._lock = DirectoryLock(self.root)
-        locked = self._open_directory() if is_rank0 else None
+        opened = open_directory(self.root, self._lock) if is_rank0 else None
         if self.backend.world_size > 1:
             # Every rank refuses together, and knows whether a save can be written at all.
-            locked, self.read_only = self.backend.broadcast((locked, self.read_only))
-        if locked is not None:
-            raise CheckpointLocked(locked)
+            opened = self.backend.broadcast(opened)
+        self.read_only = opened == READ_ONLY
+        """The directory cannot be written: restore works, a save raises."""
+        if opened is not None and not self.read_only:
+            raise CheckpointLocked(opened)
         self.runlog = RunLog(self.root, enabled=is_rank0 and not self.read_only)
         if is_rank0:
             evidence = self.runlog.evidence()
@@ -350,34 +349,6 @@ class AdaptiveCheckpointer:
                 warnings.warn(f"checkpoint retention failed: {exc}", stacklevel=2)
 
     # -- restoring --------------------------------------------------------------------------
-    def _open_directory(self) -> str | None:
-        """Rank 0: create and lock the directory; the refusal when another run holds it."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CheckpointWriteError(
-                f"cannot create the checkpoint directory {self.root}: {exc.strerror or exc}"
-            ) from None
-        try:
-            self._lock.acquire()
-        except CheckpointLocked as exc:
-            return str(exc)
-        except OSError as exc:
-            if exc.errno in READ_ONLY_ERRNOS and not os.access(self.root, os.W_OK):
-                self.read_only = True
-                warnings.warn(
-                    f"checkpoint directory {self.root} is read-only: restoring only (no lock, "
-                    "no run log, no clean-up); a save will fail",
-                    stacklevel=3,
-                )
-            else:
-                warnings.warn(
-                    f"cannot lock checkpoint directory {self.root} ({exc.strerror or exc}): "
-                    "nothing stops a second run from writing into it; nothing is cleaned up",
-                    stacklevel=3,
-                )
-        return None
-
     def restore(self) -> int:
         """Load the newest intact checkpoint; returns the steps it holds (0: none found).
 

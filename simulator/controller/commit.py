@@ -185,7 +185,8 @@ def _recover_resaves(storage: Storage) -> None:
             if storage.exists(original) and storage.exists(f"{original}/{ckptio.MANIFEST}"):
                 storage.remove(entry)
             else:
-                storage.remove(original)
+                if storage.exists(original) or storage.is_symlink(original):
+                    reject(storage, original, "incomplete", "a re-save cut short")
                 storage.rename(entry, original)
 
 

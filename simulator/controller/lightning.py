@@ -150,8 +150,8 @@ class AdaptiveCheckpoint(_Callback):
         class _Rank1:  # a non-zero rank touches no files (no run log, no directory)
             rank, world_size = 1, 2
 
-            def broadcast(self, obj):  # rank 0's verdict on the directory: no lock needed
-                return None, False
+            def broadcast(self, obj):  # rank 0's verdict on the directory: free to use
+                return None
 
         AdaptiveCheckpointer(
             self.directory,

@@ -24,16 +24,20 @@ import json
 import os
 import socket
 import time
+import warnings
 import weakref
 from pathlib import Path
 
-from simulator.controller.integrity import CheckpointLocked
+from simulator.controller.integrity import CheckpointLocked, CheckpointWriteError
 
-__all__ = ["LOCK_FILE", "DirectoryLock"]
+__all__ = ["LOCK_FILE", "READ_ONLY", "DirectoryLock", "open_directory"]
 
 LOCK_FILE = ".ckptsim.lock"
 READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 """An ``open`` failing with one of these means the directory cannot be written at all."""
+
+READ_ONLY = "read-only"
+"""What :func:`open_directory` returns for a directory that cannot be written."""
 
 _held: weakref.WeakSet[DirectoryLock] = weakref.WeakSet()
 
@@ -99,6 +103,39 @@ class DirectoryLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def open_directory(root: Path, lock: DirectoryLock) -> str | None:
+    """Create ``root`` and take its lock: None when held, :data:`READ_ONLY`, or the message of
+    the :class:`CheckpointLocked` refusal when another run holds it.
+
+    A file system that cannot lock is warned about and used unlocked (``lock.held`` is False:
+    nothing may then be cleaned up in it).
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointWriteError(
+            f"cannot create the checkpoint directory {root}: {exc.strerror or exc}"
+        ) from None
+    try:
+        lock.acquire()
+    except CheckpointLocked as exc:
+        return str(exc)
+    except OSError as exc:
+        if exc.errno in READ_ONLY_ERRNOS and not os.access(root, os.W_OK):
+            warnings.warn(
+                f"checkpoint directory {root} is read-only: restoring only (no lock, no run "
+                "log, no clean-up); a save will fail",
+                stacklevel=3,
+            )
+            return READ_ONLY
+        warnings.warn(
+            f"cannot lock checkpoint directory {root} ({exc.strerror or exc}): nothing stops "
+            "a second run from writing into it, so nothing is cleaned up in it",
+            stacklevel=3,
+        )
+    return None
 
 
 def _read_holder(fd: int) -> dict:

@@ -49,7 +49,7 @@ def read_events(path: str | os.PathLike) -> list[dict]:
     events = []
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    except OSError:  # none yet, or unreadable: no evidence either way
         return events
     for line in text.splitlines():
         try:
