@@ -187,7 +187,8 @@ def _recover_resaves(storage: Storage) -> None:
             else:
                 if storage.exists(original) or storage.is_symlink(original):
                     reject(storage, original, "incomplete", "a re-save cut short")
-                storage.rename(entry, original)
+                if not (storage.exists(original) or storage.is_symlink(original)):
+                    storage.rename(entry, original)
 
 
 def choose_checkpoint(
