@@ -19,6 +19,7 @@ from simulator.controller import (
     UnsafeCheckpoint,
 )
 from simulator.controller.integrity import write_manifest
+from simulator.controller.lock import LOCK_FILE
 from simulator.controller.storage import checkpoint_name
 from simulator.policies import FixedInterval
 
@@ -89,7 +90,7 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one_with_a_war
         step, model = resume(directory)
     assert step == 1
     assert all(torch.equal(model.state_dict()[k], v) for k, v in snaps[1].items())
-    assert (directory / f"{checkpoint_name(2)}.corrupt").is_dir()  # kept aside, not reused
+    assert (directory / f"{checkpoint_name(2)}.rejected-corrupt").is_dir()  # aside, not reused
 
 
 def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_one(two_saves):
@@ -102,12 +103,14 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_one(two_saves)
         assert resume(directory)[0] == 1
 
 
-def test_a_checkpoint_whose_manifest_never_got_written_is_skipped(two_saves):
+def test_a_checkpoint_whose_manifest_never_got_written_is_moved_aside_not_deleted(two_saves):
     directory, _ = two_saves
     (directory / checkpoint_name(2) / ckptio.MANIFEST).unlink()
     with pytest.warns(UserWarning, match="no manifest"):
         assert resume(directory)[0] == 1
     assert not (directory / checkpoint_name(2)).exists()
+    aside = directory / f"{checkpoint_name(2)}.rejected-incomplete"
+    assert (aside / ckptio.TENSOR_FILE).is_file()  # what was in it is still there
 
 
 class Planted:
@@ -217,7 +220,7 @@ def test_a_real_write_error_from_the_os_keeps_the_last_good_checkpoint(tmp_path)
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old_handler)
     ck.close()
-    names = sorted(p.name for p in tmp_path.iterdir() if p.name != "runlog.jsonl")
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("runlog.jsonl", LOCK_FILE))
     assert names == [checkpoint_name(1)]  # no temp dir left behind either
     ckptio.verify_checkpoint(tmp_path / checkpoint_name(1))
 

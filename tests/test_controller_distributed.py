@@ -407,3 +407,64 @@ def test_distributed_backend_needs_an_initialised_process_group():
 
     with pytest.raises(InputError, match="init_process_group"):
         DistributedBackend()
+
+
+def test_a_dcp_checkpoint_whose_name_disagrees_with_its_step_is_rejected(one_rank, tmp_path):
+    import shutil
+
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller.distributed import DistributedBackend
+    from simulator.policies import FixedInterval
+
+    def checkpointer(model):
+        return AdaptiveCheckpointer(
+            tmp_path, model=model, backend=DistributedBackend(), policy=FixedInterval(1e9)
+        )
+
+    model = torch.nn.Linear(3, 3)
+    with checkpointer(model) as ck:
+        for step in (3, 5):
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            ck.save(step)
+    assert not (tmp_path / "step-00000005" / "meta.json").exists()  # the step is in DCP's files
+    shutil.copytree(tmp_path / "step-00000003", tmp_path / "step-00000009")
+    again = torch.nn.Linear(3, 3)
+    ck = checkpointer(again)
+    with pytest.warns(UserWarning, match="holds step 3, its name says 9"):
+        assert ck.restore() == 5
+    ck.close()
+    assert torch.equal(again.weight, model.weight)
+    assert (tmp_path / "step-00000009.rejected-misnamed").is_dir()
+
+
+def _open_locked_directory(rank: int, port: int, root: str, out: str) -> None:
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller.distributed import DistributedBackend
+    from simulator.controller.integrity import CheckpointLocked
+
+    _init(rank, port)
+    try:
+        AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2), backend=DistributedBackend())
+        result = "opened"
+    except CheckpointLocked as exc:
+        result = str(exc)
+    (Path(out) / f"rank{rank}.txt").write_text(result)
+    dist.destroy_process_group()
+
+
+def test_every_rank_is_refused_when_another_run_holds_the_directory(tmp_path):
+    from simulator.controller import AdaptiveCheckpointer
+
+    root = tmp_path / "ckpt"
+    holder = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2))  # the job still running
+    try:
+        args = (_free_port(), str(root), str(tmp_path))
+        mp.start_processes(_open_locked_directory, args=args, nprocs=WORLD, start_method="fork")
+    finally:
+        holder.close()
+    for r in range(WORLD):  # rank 0 tried the lock; rank 1 heard its verdict
+        assert (
+            f"in use by another run (pid {os.getpid()} on"
+            in (tmp_path / f"rank{r}.txt").read_text()
+        )

@@ -1,5 +1,9 @@
 """The run log: restarts and exposure as the run itself recorded them."""
 
+import warnings
+
+import pytest
+
 from simulator.controller.runlog import RunLog, failure_evidence, read_events
 
 
@@ -49,3 +53,27 @@ def test_a_torn_final_line_is_skipped_and_the_next_record_starts_a_fresh_line(tm
 def test_a_disabled_log_writes_nothing(tmp_path):
     RunLog(tmp_path, enabled=False).append("start", session_s=0.0)
     assert not list(tmp_path.iterdir())
+
+
+def test_launches_that_never_began_training_are_neither_failures_nor_exposure():
+    events = []
+    session(events, "a", 100.0)  # trained (saved), then crashed: a failure
+    events.append({"event": "start", "session": "b", "session_s": 0.0})
+    events.append({"event": "refused", "session": "b", "session_s": 4.0, "reason": "config"})
+    events.append({"event": "start", "session": "c", "session_s": 0.0})  # died setting up
+    events.append({"event": "start", "session": "d", "session_s": 0.0})
+    events.append({"event": "restore", "session": "d", "session_s": 30.0, "step": 0})
+    ev = failure_evidence(events, exclude_session="now")
+    assert ev.failures == 2  # a, and d (it began training, then no clean stop)
+    assert ev.exposure_s == 100.0 + 30.0
+    assert ev.sessions == 4
+
+
+def test_an_unwritable_run_log_warns_once_and_never_raises(tmp_path):
+    log = RunLog(tmp_path, session="a")
+    (tmp_path / "runlog.jsonl").mkdir()  # whatever stands in its way: EISDIR here
+    with pytest.warns(UserWarning, match="cannot write the run log"):
+        log.append("start", session_s=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        log.append("save", session_s=1.0)

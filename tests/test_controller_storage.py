@@ -1,15 +1,20 @@
 """Retention: which checkpoints stay, on an in-memory fake and on a real disk."""
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator import ckptio
 from simulator.controller.storage import (
+    DELETING,
+    MANIFEST,
     LocalStorage,
     MemoryStorage,
+    SimulatedCrash,
     apply_retention,
     checkpoint_name,
+    checkpoint_step,
     complete_steps,
     retention_plan,
 )
@@ -43,12 +48,38 @@ def test_the_checkpoint_resumed_from_stays_until_a_newer_one_is_complete():
     assert apply_retention(s, keep_last=1, resumed_from=40) == [40]
 
 
-def test_the_manifest_goes_first_so_a_half_deleted_checkpoint_is_not_complete():
+def test_a_deletion_renames_the_checkpoint_aside_durably_before_removing_anything():
     s = MemoryStorage()
     s.add_checkpoint(1)
     s.add_checkpoint(2)
     apply_retention(s, keep_last=1)
-    assert s.ops[0] == ("remove", f"{checkpoint_name(1)}/{ckptio.MANIFEST}")
+    aside = DELETING + checkpoint_name(1)
+    assert s.ops == [("rename", checkpoint_name(1), aside), ("sync", ""), ("remove", aside)]
+
+
+def test_a_crash_at_any_point_of_retention_never_leaves_a_half_deleted_checkpoint():
+    """Crash after every possible number of storage operations; the next retention then
+    restores the keep-last bound exactly."""
+    for ops_before_crash in range(12):
+        s = MemoryStorage(crash_after=ops_before_crash)
+        for step in (1, 2, 3, 4):
+            s.add_checkpoint(step)
+        s.crash_after = ops_before_crash
+        try:
+            apply_retention(s, keep_last=1)
+        except SimulatedCrash:
+            pass
+        # What a crash leaves: whole checkpoints, and entries nothing counts.
+        for entry in s.list():
+            if checkpoint_step(entry) is not None:
+                assert s.exists(f"{entry}/{MANIFEST}"), (ops_before_crash, entry)
+                assert s.exists(f"{entry}/{ckptio.TENSOR_FILE}"), (ops_before_crash, entry)
+            else:
+                assert entry.startswith(DELETING), (ops_before_crash, entry)
+        s.crash_after = None
+        s.add_checkpoint(5)
+        apply_retention(s, keep_last=1)
+        assert s.list() == [checkpoint_name(5)], ops_before_crash
 
 
 @given(
@@ -86,10 +117,43 @@ def test_local_rename_refuses_to_overwrite(tmp_path):
         LocalStorage(tmp_path).rename("a", "b")
 
 
-def test_a_failing_remove_in_the_fake_leaves_the_checkpoint_listed():
+def test_a_failing_remove_leaves_the_checkpoint_aside_and_the_next_retention_finishes_it():
     s = MemoryStorage(fail_on={"remove": OSError("EIO")})
     s.add_checkpoint(1)
     s.add_checkpoint(2)
     with pytest.raises(OSError):
         apply_retention(s, keep_last=1)
-    assert complete_steps(s) == [1, 2]
+    assert complete_steps(s) == [2]  # no longer a checkpoint: not counted, not restored
+    assert s.list() == [DELETING + checkpoint_name(1), checkpoint_name(2)]
+    s.add_checkpoint(3)
+    assert apply_retention(s, keep_last=1) == [2]
+    assert s.list() == [checkpoint_name(3)]
+
+
+def _real_checkpoint(path, step):
+    ckptio.write_checkpoint(path, {"w": torch.full((4,), float(step))}, {"step": step})
+
+
+def test_retention_never_follows_a_symlink_into_another_runs_checkpoints(tmp_path):
+    other, mine = tmp_path / "other-run", tmp_path / "mine"
+    other.mkdir()
+    mine.mkdir()
+    for step in (5, 6):
+        _real_checkpoint(other / checkpoint_name(step), step)
+    for step in (2, 3):
+        _real_checkpoint(mine / checkpoint_name(step), step)
+    # A step directory that is a link to the other run's checkpoint, and a real one whose
+    # manifest is a link to the other run's manifest.
+    (mine / checkpoint_name(1)).symlink_to(other / checkpoint_name(5), target_is_directory=True)
+    (mine / checkpoint_name(0)).mkdir()
+    (mine / checkpoint_name(0) / MANIFEST).symlink_to(other / checkpoint_name(6) / MANIFEST)
+    storage = LocalStorage(mine)
+    assert complete_steps(storage) == [2, 3]  # links are never counted
+    assert apply_retention(storage, keep_last=1) == [2]
+    for step in (5, 6):
+        ckptio.verify_checkpoint(other / checkpoint_name(step))  # untouched
+    # The other run's own retention still sees both as complete and keeps both.
+    assert apply_retention(LocalStorage(other), keep_last=2) == []
+    assert complete_steps(LocalStorage(other)) == [5, 6]
+    assert (mine / checkpoint_name(1)).is_symlink()  # the link itself is left to its maker
+    assert complete_steps(storage) == [3]

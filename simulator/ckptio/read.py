@@ -271,10 +271,12 @@ def _check_layout(path: Path, manifest: dict[str, Any], layout: str) -> None:
 def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
     """Delete temporary directories that crashed writes left in ``parent``; return them.
 
-    Call only when no write into ``parent`` is in flight (e.g. at start-up)."""
+    Call only when no write into ``parent`` is in flight (e.g. at start-up, holding the
+    directory's lock). A symbolic link is no temp directory of ours: it is left alone, and
+    nothing is deleted through it."""
     removed = []
     for child in Path(parent).iterdir():
-        if child.is_dir() and is_temp_dir(child):
+        if is_temp_dir(child) and not child.is_symlink() and child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)
     return removed

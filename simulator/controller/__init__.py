@@ -3,9 +3,10 @@
 ``AdaptiveCheckpointer`` is the entry point; the modules below it are the pieces it composes:
 ``state`` (what a complete state is), ``schedule`` (when the next save is due), ``storage``
 (where checkpoints live, retention), ``integrity`` (when a checkpoint counts, no pickles),
-``runlog`` (the run's record of its own restarts), ``backend`` (single process or
-torch.distributed), ``safe_metadata`` (DCP's metadata pickle, read as data, never run) and
-``loader`` (a data loader that resumes exactly: ``ckpt.wrap(loader)``).
+``runlog`` (the run's record of its own restarts), ``lock`` (one writer per directory),
+``backend`` (single process or torch.distributed), ``safe_metadata`` (DCP's metadata pickle,
+read as data, never run) and ``loader`` (a data loader that resumes exactly:
+``ckpt.wrap(loader)``).
 Its entry points import torch, on first use (``from simulator.controller import
 AdaptiveCheckpointer``): the torch-free parts (``runlog``, which ``ckptsim plot controller``
 reads) import without it, as does the simulation core.
@@ -19,9 +20,11 @@ _EXPORTS = {
     "AdaptiveCheckpointer": "checkpointer",
     "Backend": "backend",
     "LocalBackend": "backend",
+    "CheckpointLocked": "integrity",
     "CheckpointWriteError": "integrity",
     "CorruptCheckpoint": "integrity",
     "IncompatibleCheckpoint": "integrity",
+    "NoIntactCheckpoint": "integrity",
     "UnsafeCheckpoint": "integrity",
     "ResumableLoader": "loader",
     "LocalStorage": "storage",

@@ -19,9 +19,13 @@ next due step.
 A save captures the whole run (:mod:`simulator.controller.state`), writes it so that it counts
 only once complete (:mod:`simulator.ckptio`, or temp dir + manifest + rename around a
 distributed backend), then applies retention (:mod:`simulator.controller.storage`). Restore
-takes the newest checkpoint that verifies, warns and falls back past corrupt ones, refuses a
-checkpoint carrying a pickle, and refuses one written with a different configuration
-(naming every differing key; ``ignore_config_keys`` lists those that may differ).
+takes the newest checkpoint that verifies, warns and falls back past corrupt ones (moving them
+aside, never deleting them), refuses a checkpoint carrying a pickle, and refuses one written
+with a different configuration (naming every differing key; ``ignore_config_keys`` lists those
+that may differ). It never starts afresh silently: when the directory holds checkpoints but
+none is intact it raises :class:`NoIntactCheckpoint` unless the user allowed it. One
+checkpointer at a time writes a directory (:mod:`simulator.controller.lock`); a read-only
+directory can still be restored from.
 """
 
 from __future__ import annotations
@@ -47,16 +51,22 @@ from simulator.controller.backend import Backend, LocalBackend
 from simulator.controller.commit import (
     check_config,
     choose_checkpoint,
+    misnamed,
     normalise_config,
-    quarantine,
+    reject,
+    rejected_aside,
     write_and_commit,
 )
 from simulator.controller.integrity import (
+    CheckpointLocked,
     CheckpointWriteError,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
+    NoIntactCheckpoint,
+    UnsafeCheckpoint,
 )
 from simulator.controller.loader import ResumableLoader, refuse_unwrapped_loader
+from simulator.controller.lock import READ_ONLY, DirectoryLock, open_directory
 from simulator.controller.runlog import RunLog, read_events
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
@@ -127,6 +137,14 @@ class AdaptiveCheckpointer:
     and are put back at close. On several ranks the save happens at the first check point
     (about every 5 s of training, a step every rank knows) after rank 0 got the signal, so every
     rank saves at the same step without a collective on each step.
+
+    ``allow_fresh_start``: when the directory holds checkpoints but none is intact, restore
+    from step 0 with a warning instead of raising :class:`NoIntactCheckpoint`.
+
+    Rank 0 holds an exclusive lock on ``directory`` until :meth:`close` (or its death); a
+    second process raises :class:`CheckpointLocked` naming the holder. A read-only
+    ``directory`` is opened for restoring only: nothing is written there, and a save raises
+    :class:`CheckpointWriteError`.
     """
 
     def __init__(
@@ -155,6 +173,7 @@ class AdaptiveCheckpointer:
         ignore_config_keys: Iterable[str] = (),
         preemption_signals: Iterable[int] | None = (signal.SIGTERM,),
         on_preemption: str = "exit",
+        allow_fresh_start: bool = False,
     ):
         refuse_unwrapped_loader(dataloader)
         self.root = Path(directory)
@@ -230,9 +249,19 @@ class AdaptiveCheckpointer:
 
         self._life_cycle_options(total_steps, ignore_config_keys, preemption_signals, on_preemption)
         is_rank0 = self.backend.rank == 0
-        self.runlog = RunLog(self.root, enabled=is_rank0)
+        self.allow_fresh_start = bool(allow_fresh_start)
+        # Only rank 0 locks: every rank shares the directory, and only rank 0 deletes in it.
+        self._lock = DirectoryLock(self.root)
+        opened = open_directory(self.root, self._lock) if is_rank0 else None
+        if self.backend.world_size > 1:
+            # Every rank refuses together, and knows whether a save can be written at all.
+            opened = self.backend.broadcast(opened)
+        self.read_only = opened == READ_ONLY
+        """The directory cannot be written: restore works, a save raises."""
+        if opened is not None and not self.read_only:
+            raise CheckpointLocked(opened)
+        self.runlog = RunLog(self.root, enabled=is_rank0 and not self.read_only)
         if is_rank0:
-            self.root.mkdir(parents=True, exist_ok=True)
             evidence = self.runlog.evidence()
             self.schedule.set_history(evidence.failures, evidence.exposure_s)
         self._session_start = clock()
@@ -460,6 +489,11 @@ class AdaptiveCheckpointer:
             self._write_failed = False
 
     def _write_and_commit(self, step: int, state: dict) -> None:
+        if self.read_only:
+            raise CheckpointWriteError(
+                f"checkpoint directory {self.root} is read-only (opened for restoring only); "
+                "give a writable directory to save"
+            )
         t0 = self.clock()
         write_and_commit(
             self.root, self.storage, self.backend, step, state, barriers=not self.async_save
@@ -480,20 +514,37 @@ class AdaptiveCheckpointer:
 
     # -- restoring --------------------------------------------------------------------------
     def restore(self) -> int:
-        """Load the newest intact checkpoint; returns the steps it holds (0: none found)."""
-        choice, error = None, None
-        if self.backend.rank == 0:
-            try:
-                choice = self._choose()
-            except IncompatibleCheckpoint as exc:
-                error = str(exc)
-        choice, error = self.backend.broadcast((choice, error))
-        if error is not None:
-            raise IncompatibleCheckpoint(error)
-        candidates = [choice] if choice is not None else []
-        step = 0
-        while candidates:
-            name = candidates.pop(0)
+        """Load the newest intact checkpoint; returns the steps it holds (0: none found).
+
+        Raises :class:`NoIntactCheckpoint` when there are checkpoints but none is intact
+        (unless ``allow_fresh_start``), :class:`IncompatibleCheckpoint` for another
+        configuration or model, :class:`UnsafeCheckpoint` for a pickle. The run log records
+        such a launch as ``refused``: it never trained, so it is no failure of the hardware.
+        A refusal also closes the checkpointer (the lock is released; nothing is saved).
+        """
+        try:
+            step = self._load_newest()
+        except (IncompatibleCheckpoint, NoIntactCheckpoint, UnsafeCheckpoint) as exc:
+            self.runlog.append(
+                "refused", session_s=self.clock() - self._session_start, reason=str(exc)
+            )
+            self._closed = True  # no "stop": the launch ended before training
+            atexit.unregister(self._exit_hook)
+            self._restore_signal_handlers()
+            self._lock.release()
+            raise
+        now = self.clock()
+        self._mark_step, self._mark_t = step, now
+        self.runlog.append("restore", session_s=now - self._session_start, step=step)
+        due = self.schedule.next_due(step, age_s=now - self._session_start)
+        self._planned_due = self._next_due = int(self.backend.broadcast(due))
+        self._after_restore(step)
+        return step
+
+    def _load_newest(self) -> int:
+        self._rejected: dict[str, str] = {}  # rank 0: name -> why, in this restore
+        self._aside_before = rejected_aside(self.storage) if self.backend.rank == 0 else []
+        while (name := self._choose_everywhere()) is not None:
             template = capture_state(
                 step=0, config=self.config, backend=self.backend, **self._objects
             )
@@ -502,9 +553,12 @@ class AdaptiveCheckpointer:
             except CorruptCheckpoint as exc:
                 if self.backend.world_size > 1:
                     raise  # verified by rank 0 yet unreadable here: no silent divergence
-                warnings.warn(f"{exc}; falling back to an older checkpoint", stacklevel=2)
-                quarantine(self.storage, name)
-                candidates = [n for n in [self._choose()] if n is not None]
+                self._reject(name, "corrupt", str(exc))
+                continue
+            # A distributed checkpoint's step is known only now; every rank reads the same.
+            mismatch = misnamed(name, state.get("step"))
+            if mismatch is not None:
+                self._reject(name, "misnamed", mismatch)
                 continue
             check_config(
                 self.root / name, state.get("config"), self.config, ignore=self.ignore_config_keys
@@ -518,19 +572,59 @@ class AdaptiveCheckpointer:
                 ) from None
             self.schedule.seed(Estimates(**state.get("controller", {})))
             self.resumed_from = self.last_saved_step = step
-            break
-        now = self.clock()
-        self._mark_step, self._mark_t = step, now
-        self.runlog.append("restore", session_s=now - self._session_start, step=step)
-        due = self.schedule.next_due(step, age_s=now - self._session_start)
-        self._planned_due = self._next_due = int(self.backend.broadcast(due))
-        self._after_restore(step)
-        return step
+            return step
+        return 0
+
+    def _reject(self, name: str, why: str, reason: str) -> None:
+        if self.backend.rank != 0:
+            return
+        line = reject(self.storage, name, why, reason, move=self._lock.held)
+        warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
+        self._rejected[name] = line
+
+    def _choose_everywhere(self) -> str | None:
+        """Rank 0 chooses; every rank gets the choice, or raises the same refusal."""
+        choice, error = None, None
+        if self.backend.rank == 0:
+            try:
+                choice = self._choose()
+            except (IncompatibleCheckpoint, NoIntactCheckpoint) as exc:
+                error = (isinstance(exc, NoIntactCheckpoint), str(exc))
+        choice, error = self.backend.broadcast((choice, error))
+        if error is not None:
+            raise (NoIntactCheckpoint if error[0] else IncompatibleCheckpoint)(error[1])
+        return choice
 
     def _choose(self) -> str | None:
-        return choose_checkpoint(
-            self.root, self.storage, self.config, ignore=self.ignore_config_keys
+        choice, rejected = choose_checkpoint(
+            self.root,
+            self.storage,
+            self.config,
+            tidy=self._lock.held,
+            skip=frozenset(self._rejected),
+            ignore=self.ignore_config_keys,
         )
+        for name, line in rejected.items():
+            warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
+            self._rejected[name] = line
+        if choice is not None:
+            return choice
+        lines = list(self._rejected.values()) + [
+            f"{n}: moved aside by an earlier launch" for n in self._aside_before
+        ]
+        if lines and not self.allow_fresh_start:
+            raise NoIntactCheckpoint(
+                f"no intact checkpoint to resume from in {self.root}: {'; '.join(lines)}. "
+                "Nothing was deleted: rescue one by hand (rename it back), or pass "
+                "allow_fresh_start=True to start from step 0"
+            )
+        if lines:
+            warnings.warn(
+                f"no intact checkpoint in {self.root}; starting from step 0 as "
+                "allow_fresh_start permits",
+                stacklevel=4,
+            )
+        return None
 
     # -- data ------------------------------------------------------------------------------
     def wrap(self, loader, *, fast_forward: str = "indices") -> ResumableLoader:
@@ -625,6 +719,13 @@ class AdaptiveCheckpointer:
                 self._executor.shutdown(wait=True)
             if clean:
                 self.runlog.append("stop", session_s=self.clock() - self._session_start)
+            elif self._last_step is not None:
+                # The loop raised after training began: evidence of a failure even when the
+                # session never restored or saved (a SIGKILL leaves only its start and saves).
+                self.runlog.append(
+                    "crashed", session_s=self.clock() - self._session_start, step=self._last_step
+                )
+            self._lock.release()
 
     def __enter__(self) -> AdaptiveCheckpointer:
         return self

@@ -9,12 +9,17 @@ succeeded. The markers, not a collective, carry the outcome, so the same code ru
 background thread of an asynchronous save. Re-saving an existing step moves the old one aside
 first and drops it only once the new one is complete.
 
-At restore, rank 0 walks the checkpoints newest first: temp directories of crashed writes go,
-a directory without a manifest (never finished, or half-deleted by retention) goes, one that
-fails its checksums is moved aside as ``step-N.corrupt`` with a warning, and the first that
-verifies is the choice — unless it was written under a different configuration, which is
-refused in one line naming every differing key (keys declared ignorable may differ) rather
-than silently resumed.
+At restore, rank 0 — holding the directory's lock, so no other writer's files are in flight —
+first tidies what crashed processes left (temp directories of unfinished writes, deletions
+that retention began: :func:`simulator.controller.storage.finish_deletions`, a re-save cut
+short), then walks the checkpoints newest first. A checkpoint is never deleted here: one that
+is a symbolic link is ignored; one without a manifest, one that fails its checksums and one
+whose state holds another step than its name says are each rejected and moved aside as
+``step-N.rejected-<why>`` (:func:`reject`), kept for a person to inspect or rescue and never
+counted or reused. The first that verifies is the choice — unless it was written under a
+different configuration, which is refused in one line naming every differing key (keys declared
+ignorable may differ) rather than silently resumed. The
+rejections are returned, so the checkpointer can refuse to start afresh over them.
 """
 
 from __future__ import annotations
@@ -34,18 +39,27 @@ from simulator.controller.integrity import (
     IncompatibleCheckpoint,
     write_manifest,
 )
-from simulator.controller.storage import Storage, checkpoint_name, checkpoint_step
+from simulator.controller.storage import (
+    Storage,
+    checkpoint_name,
+    checkpoint_step,
+    finish_deletions,
+)
 from simulator.errors import InputError
 
 __all__ = [
     "check_config",
     "choose_checkpoint",
+    "misnamed",
     "normalise_config",
-    "quarantine",
+    "reject",
+    "rejected_aside",
     "write_and_commit",
 ]
 
 _OLD = ".old-"
+REJECTED = ".rejected-"
+"""Infix of a checkpoint moved aside by a restore: ``step-N.rejected-<why>``."""
 _MARKER_WAIT_S = 3600.0
 
 
@@ -173,23 +187,36 @@ def _write_through_temp(
         raise
 
 
-def quarantine(storage: Storage, name: str) -> None:
-    """Move a corrupt checkpoint aside: kept for inspection, never counted or reused."""
-    target, n = f"{name}.corrupt", 1
-    while storage.exists(target):
-        target, n = f"{name}.corrupt{n}", n + 1
+def reject(storage: Storage, name: str, why: str, reason: str, *, move: bool = True) -> str:
+    """Move checkpoint ``name`` aside as ``name.rejected-<why>``; returns a one-line report.
+
+    The checkpoint is never deleted: a person may still rescue it (rename it back). With
+    ``move=False`` (a read-only directory) it stays where it is, only reported.
+    """
+    if not move:
+        return f"{name}: {reason}"
+    target, n = f"{name}{REJECTED}{why}", 1
+    while storage.exists(target) or storage.is_symlink(target):
+        target, n = f"{name}{REJECTED}{why}-{n}", n + 1
     try:
         storage.rename(name, target)
+        storage.sync()
     except OSError as exc:
-        warnings.warn(f"could not move corrupt {name} aside: {exc}", stacklevel=3)
+        warnings.warn(f"could not move rejected {name} aside: {exc}", stacklevel=3)
+        return f"{name}: {reason}"
+    return f"{name}: {reason} (moved aside to {target})"
 
 
-def choose_checkpoint(
-    root: Path, storage: Storage, config: dict | None, *, ignore: tuple[str, ...] = ()
-) -> str | None:
-    """Rank 0: the newest checkpoint that verifies and fits ``config`` (``ignore``: keys that
-    may differ); None when none does."""
-    ckptio.remove_stale_temps(root)
+def rejected_aside(storage: Storage) -> list[str]:
+    """Checkpoints an earlier restore moved aside (``step-N.rejected-*``)."""
+    return [
+        n
+        for n in storage.list()
+        if REJECTED in n and checkpoint_step(n.split(REJECTED, 1)[0]) is not None
+    ]
+
+
+def _recover_resaves(storage: Storage) -> None:
     for entry in storage.list():
         if entry.startswith(_OLD + "step-"):
             # A crash while re-saving an existing step: the old one is still the good one.
@@ -197,31 +224,82 @@ def choose_checkpoint(
             if storage.exists(original) and storage.exists(f"{original}/{ckptio.MANIFEST}"):
                 storage.remove(entry)
             else:
-                storage.remove(original)
-                storage.rename(entry, original)
+                if storage.exists(original) or storage.is_symlink(original):
+                    reject(storage, original, "incomplete", "a re-save cut short")
+                if not (storage.exists(original) or storage.is_symlink(original)):
+                    storage.rename(entry, original)
+
+
+def choose_checkpoint(
+    root: Path,
+    storage: Storage,
+    config: dict | None,
+    *,
+    tidy: bool = True,
+    skip: frozenset[str] = frozenset(),
+    ignore: tuple[str, ...] = (),
+) -> tuple[str | None, dict[str, str]]:
+    """Rank 0: the newest checkpoint that verifies and fits ``config`` (None when none does),
+    and the checkpoints rejected on the way (name: a one-line report).
+
+    ``tidy``: this process holds the directory's lock, so it may clean up and move rejected
+    checkpoints aside; without it (a read-only directory) nothing is written. ``skip``: names
+    rejected earlier in this restore that could not be moved. ``ignore``: configuration keys that
+    may differ.
+    """
+    if tidy:
+        ckptio.remove_stale_temps(root)
+        finish_deletions(storage)
+        _recover_resaves(storage)
     names = sorted(
-        (n for n in storage.list() if checkpoint_step(n) is not None),
+        (n for n in storage.list() if checkpoint_step(n) is not None and n not in skip),
         key=checkpoint_step,
         reverse=True,
     )
+    rejected: dict[str, str] = {}
     for name in names:
+        if storage.is_symlink(name):
+            rejected[name] = (
+                f"{name} is a symlink (a symbolic link), ignored: a checkpoint must be a directory "
+                f"in {root}"
+            )
+            continue
         if not storage.exists(f"{name}/{ckptio.MANIFEST}"):
-            # Never completed, or its deletion by retention was interrupted (the manifest
-            # goes first): nothing in it was ever promised to anyone.
-            warnings.warn(f"{name} has no manifest (incomplete); removing it", stacklevel=3)
-            storage.remove(name)
+            # A backend that writes in place was killed mid-write (retention's deletions no
+            # longer leave such directories): kept, since what is in it is the user's.
+            rejected[name] = reject(
+                storage, name, "incomplete", "no manifest (never completed)", move=tidy
+            )
             continue
         try:
             ckptio.verify_checkpoint(root / name)
         except CorruptCheckpoint as exc:
-            warnings.warn(f"{exc}; falling back to an older checkpoint", stacklevel=3)
-            quarantine(storage, name)
+            rejected[name] = reject(storage, name, "corrupt", str(exc), move=tidy)
             continue
         try:
             meta = json.loads((root / name / ckptio.META_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
-            meta = None  # a distributed checkpoint: its config is checked once read
+            meta = None  # a distributed checkpoint: its step and config are checked once read
+        if isinstance(meta, dict):
+            mismatch = misnamed(name, meta.get("step"))
+            if mismatch is not None:
+                rejected[name] = reject(storage, name, "misnamed", mismatch, move=tidy)
+                continue
         saved = meta.get("config") if isinstance(meta, dict) else None
         check_config(root / name, saved, config, ignore=ignore)
-        return name
-    return None
+        return name, rejected
+    return None, rejected
+
+
+def misnamed(name: str, step: Any) -> str | None:
+    """Why checkpoint ``name`` cannot be trusted to hold ``step`` (the state's own), or None.
+
+    A copy named ``step-00000090`` that holds step 30 would win every restore, and retention
+    would then delete the newer checkpoints: name and content must agree.
+    """
+    expected = checkpoint_step(name)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None  # not a step at all: check_state rejects the malformed state, saying so
+    if step == expected:
+        return None
+    return f"its state holds step {step!r}, its name says {expected}"

@@ -26,9 +26,11 @@ from simulator.ckptio import CheckpointWriteError, CorruptCheckpoint
 from simulator.errors import InputError
 
 __all__ = [
+    "CheckpointLocked",
     "CheckpointWriteError",
     "CorruptCheckpoint",
     "IncompatibleCheckpoint",
+    "NoIntactCheckpoint",
     "UnsafeCheckpoint",
     "pickle_globals",
     "refuse_pickles",
@@ -42,6 +44,14 @@ class UnsafeCheckpoint(Exception):
 
 class IncompatibleCheckpoint(InputError):
     """The checkpoint was written by a run with a different configuration or model."""
+
+
+class NoIntactCheckpoint(InputError):
+    """The directory holds checkpoints, but none can be resumed from; each was moved aside."""
+
+
+class CheckpointLocked(InputError):
+    """Another live process (named by pid and host) has the checkpoint directory open."""
 
 
 def write_manifest(root: Path) -> dict:

@@ -202,6 +202,9 @@ class AdaptiveCheckpoint(_Callback):
         class _Rank1:  # a non-zero rank touches no files (no run log, no directory)
             rank, world_size = 1, 2
 
+            def broadcast(self, obj):  # rank 0's verdict on the directory: free to use
+                return None
+
         probe = AdaptiveCheckpointer(
             self.directory,
             model=torch.nn.Identity(),

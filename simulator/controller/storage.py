@@ -1,15 +1,28 @@
-"""Where checkpoints live, and which of them to keep.
+"""Where checkpoints live, which of them to keep, and how the others go without a trace.
 
 A checkpoint root holds ``step-NNNNNNNN/`` directories, each complete only once its
 manifest exists (:mod:`simulator.ckptio` writes it last, before the atomic rename), plus
-hidden ``.tmp-`` directories being written and the run log. The checkpointer touches the root only
-through the small :class:`Storage` protocol, so the retention rules below are tested against an
-in-memory fake (:class:`MemoryStorage`, which can also be told to fail) as well as on a real disk
+hidden ``.tmp-`` directories being written, the run log and the lock file
+(:mod:`simulator.controller.lock`). The checkpointer touches the root only through the small
+:class:`Storage` protocol, so the retention rules below are tested against an in-memory fake
+(:class:`MemoryStorage`, which can also be told to fail) as well as on a real disk
 (:class:`LocalStorage`, which fsyncs what it renames so a rename survives a power cut).
 
-Retention keeps the newest ``keep_last`` complete checkpoints, every milestone, and the
-checkpoint the run resumed from until a newer one is complete; it never deletes anything while
-no newer complete checkpoint exists, so a failed write can never leave the root empty.
+The root is the user's data, so what retention may touch is narrow:
+
+- Retention keeps the newest ``keep_last`` complete checkpoints, every milestone, and the
+  checkpoint the run resumed from until a newer one is complete; it never deletes anything
+  while no newer complete checkpoint exists, so a failed write can never leave the root empty.
+- Only real directories count: a ``step-N`` that is a symbolic link (or whose manifest is one)
+  is neither counted nor deleted, so retention can never reach through a link into another
+  run's checkpoints. Deleting a real directory never follows a link inside it either.
+- A deletion is crash-safe and resumable: the checkpoint is renamed whole to
+  ``.deleting-step-N`` (one atomic rename, then the root is fsynced) and only then removed.
+  A crash leaves either the intact checkpoint or a ``.deleting-`` entry that no reader counts
+  and that the next retention or restore (:func:`finish_deletions`) removes, so the
+  keep-last bound holds across any number of kills.
+- Checkpoints that a restore rejected are moved aside as ``step-N.rejected-<why>``
+  (:mod:`simulator.controller.commit`); no name but ``step-N`` is ever counted or deleted.
 """
 
 from __future__ import annotations
@@ -28,15 +41,20 @@ __all__ = [
     "MANIFEST",
     "LocalStorage",
     "MemoryStorage",
+    "SimulatedCrash",
     "Storage",
     "apply_retention",
     "checkpoint_name",
     "checkpoint_step",
     "complete_steps",
+    "delete_checkpoint",
+    "finish_deletions",
     "retention_plan",
 ]
 
 MANIFEST = ckptio.MANIFEST
+DELETING = ".deleting-"
+"""Prefix of a checkpoint being deleted: renamed aside whole first, never left half-deleted."""
 _NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -64,8 +82,13 @@ class Storage(Protocol):
 
     def exists(self, name: str) -> bool: ...
 
+    def is_symlink(self, name: str) -> bool:
+        """Whether ``name`` itself is a symbolic link (never followed by retention)."""
+        ...
+
     def remove(self, name: str) -> None:
-        """Remove a file or a whole directory; no error when it does not exist."""
+        """Remove a file or a whole directory, never following a symbolic link (a link is
+        removed itself); no error when it does not exist."""
         ...
 
     def rename(self, src: str, dst: str) -> None:
@@ -95,9 +118,13 @@ class LocalStorage:
     def exists(self, name: str) -> bool:
         return self.path(name).exists()
 
+    def is_symlink(self, name: str) -> bool:
+        return self.path(name).is_symlink()
+
     def remove(self, name: str) -> None:
         p = self.path(name)
         if p.is_dir() and not p.is_symlink():
+            # rmtree unlinks the links it meets inside (its fd-based walk never follows one).
             shutil.rmtree(p, ignore_errors=False)
         else:
             p.unlink(missing_ok=True)
@@ -115,19 +142,31 @@ class LocalStorage:
         return f"LocalStorage({str(self.root)!r})"
 
 
+class SimulatedCrash(BaseException):
+    """Raised by :class:`MemoryStorage` in place of a process dying between two operations."""
+
+
 @dataclass
 class MemoryStorage:
     """An in-memory fake of a checkpoint root, for tests of retention and failure handling.
 
-    ``files`` holds every file path; directories exist implicitly. ``fail_on`` maps an
-    operation name (``remove``, ``rename``, ``sync``) to an exception to raise once.
+    ``files`` holds every file path; directories exist implicitly; ``links`` names the
+    entries that are symbolic links. ``fail_on`` maps an operation name (``remove``,
+    ``rename``, ``sync``) to an exception to raise once. ``crash_after``: how many of those
+    operations succeed before :class:`SimulatedCrash` stops the caller, as a kill would.
     """
 
     files: set[str] = field(default_factory=set)
+    links: set[str] = field(default_factory=set)
     ops: list[tuple[str, ...]] = field(default_factory=list)
     fail_on: dict[str, BaseException] = field(default_factory=dict)
+    crash_after: int | None = None
 
     def _maybe_fail(self, op: str) -> None:
+        if self.crash_after is not None:
+            if self.crash_after <= 0:
+                raise SimulatedCrash(op)
+            self.crash_after -= 1
         exc = self.fail_on.pop(op, None)
         if exc is not None:
             raise exc
@@ -144,6 +183,9 @@ class MemoryStorage:
 
     def exists(self, name: str) -> bool:
         return any(f == name or f.startswith(name + "/") for f in self.files)
+
+    def is_symlink(self, name: str) -> bool:
+        return name in self.links
 
     def remove(self, name: str) -> None:
         self._maybe_fail("remove")
@@ -164,11 +206,21 @@ class MemoryStorage:
 
 
 def complete_steps(storage: Storage) -> list[int]:
-    """Steps of the checkpoints that carry a manifest, oldest first (intact or not)."""
+    """Steps of the checkpoints that carry a manifest, oldest first (intact or not).
+
+    Symbolic links are no checkpoints of this root: neither a linked ``step-N`` nor a linked
+    manifest counts, so nothing is ever kept or deleted on their account.
+    """
     steps = []
     for name in storage.list():
         step = checkpoint_step(name)
-        if step is not None and storage.exists(f"{name}/{MANIFEST}"):
+        manifest = f"{name}/{MANIFEST}"
+        if (
+            step is not None
+            and not storage.is_symlink(name)
+            and storage.exists(manifest)
+            and not storage.is_symlink(manifest)
+        ):
             steps.append(step)
     return sorted(steps)
 
@@ -201,7 +253,12 @@ def apply_retention(
     milestones: Iterable[int] = (),
     resumed_from: int | None = None,
 ) -> list[int]:
-    """Delete what :func:`retention_plan` says; returns the deleted steps."""
+    """Delete what :func:`retention_plan` says; returns the deleted steps.
+
+    Deletions an earlier process left half-done are finished first. Call only while holding
+    the directory's lock (:mod:`simulator.controller.lock`).
+    """
+    finish_deletions(storage)
     doomed = retention_plan(
         complete_steps(storage),
         keep_last=keep_last,
@@ -209,9 +266,28 @@ def apply_retention(
         resumed_from=resumed_from,
     )
     for step in doomed:
-        name = checkpoint_name(step)
-        # Drop the manifest first: if the removal is interrupted, what is left no longer
-        # looks complete and restore will not pick a half-deleted checkpoint.
-        storage.remove(f"{name}/{MANIFEST}")
-        storage.remove(name)
+        delete_checkpoint(storage, checkpoint_name(step))
     return doomed
+
+
+def delete_checkpoint(storage: Storage, name: str) -> None:
+    """Delete checkpoint ``name`` so that a crash at any point leaves it whole or marked.
+
+    The rename is atomic and made durable before anything inside is removed: after a crash
+    (or a power cut) the root holds either the intact checkpoint or ``.deleting-<name>``,
+    which nothing counts and :func:`finish_deletions` removes.
+    """
+    aside = DELETING + name
+    if storage.exists(aside) or storage.is_symlink(aside):
+        storage.remove(aside)  # an earlier deletion of a checkpoint of the same name
+    storage.rename(name, aside)
+    storage.sync()
+    storage.remove(aside)
+
+
+def finish_deletions(storage: Storage) -> list[str]:
+    """Remove what interrupted deletions left (``.deleting-*``); returns those entries."""
+    done = [entry for entry in storage.list() if entry.startswith(DELETING)]
+    for entry in done:
+        storage.remove(entry)
+    return done
