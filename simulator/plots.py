@@ -291,7 +291,7 @@ def read_run_log(path: str | Path):
         where = f"no {RUNLOG} in {path}" if path.is_dir() else f"{path} does not exist"
         raise InputError(f"cannot read the controller's run log: {where}")
     try:
-        events = read_events(file)
+        events = read_events(file, follow=True)  # a path the user gave, read only
     except OSError as exc:
         raise InputError(f"cannot read run log {file}: {_reason(exc)}") from None
     rows, offset, session, session_end, last_save = [], 0.0, None, 0.0, None

@@ -77,3 +77,117 @@ def test_an_unwritable_run_log_warns_once_and_never_raises(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         log.append("save", session_s=1.0)
+
+
+# -- a hostile or edited run log ------------------------------------------------------------
+# The run log lies in the checkpoint directory, which anyone who can write checkpoints can
+# edit: it must never be written through a link, never hang the launch, and a line that this
+# module did not write must be skipped, not raise from deep inside the checkpointer.
+
+
+def test_a_run_log_that_is_a_symlink_is_never_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "runlog.jsonl").symlink_to(victim)
+    log = RunLog(run, session="a")
+    with pytest.warns(UserWarning, match="is a symlink"):
+        assert log.evidence().sessions == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per log, not on every append
+        log.append("start", session_s=0.0)
+        log.append("save", session_s=5.0, step=3)
+    assert victim.read_text() == "the user's file\n"
+    with pytest.raises(OSError, match="is a symlink"):
+        read_events(run / "runlog.jsonl")
+    assert read_events(run / "runlog.jsonl", follow=True) == []  # a path a person gave
+
+
+def test_a_checkpointer_over_a_symlinked_run_log_trains_and_leaves_the_target_alone(tmp_path):
+    torch = pytest.importorskip("torch")
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.policies import FixedInterval
+
+    victim = tmp_path / "passwd"
+    victim.write_text("root:x:0:0\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "runlog.jsonl").symlink_to(victim)
+    model = torch.nn.Linear(2, 2)
+    with pytest.warns(UserWarning, match="run log"):
+        ck = AdaptiveCheckpointer(run, model=model, policy=FixedInterval(1e9))
+        assert ck.restore() == 0
+        for step in range(1, 4):
+            ck.step(step)
+        ck.close()
+    assert victim.read_text() == "root:x:0:0\n"
+    assert (run / "step-00000003").is_dir()  # the checkpoints themselves are unaffected
+
+
+@pytest.mark.timeout(30)  # the old reader blocked here for ever, waiting for a writer
+def test_a_run_log_that_is_a_fifo_does_not_hang_the_launch(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "runlog.jsonl")
+    log = RunLog(tmp_path, session="a")
+    with pytest.warns(UserWarning, match="not a regular file"):
+        assert log.evidence().sessions == 0
+    log.append("start", session_s=0.0)  # warned already; neither blocks nor raises
+
+
+GARBAGE = [
+    "[" * 100_000 + "]" * 100_000,  # nesting deep enough to exhaust the parser's recursion
+    '{"event": "save", "session": "x", "session_s": ' + "9" * 5000 + "}",  # > int digit limit
+    '{"event": "save", "session": "x", "session_s": ' + "9" * 4000 + "}",  # float() overflows
+    '{"event": "save", "session": "x", "session_s": NaN}',
+    '{"event": "save", "session": "x", "session_s": Infinity}',
+    '{"event": "save", "session": "x", "session_s": -5}',
+    '{"event": "save", "session": "x", "session_s": true}',
+    '{"event": "save", "session": "x", "session_s": "12"}',
+    '{"event": "save", "session": ["x"], "session_s": 1}',
+    '{"event": {"a": 1}, "session": "x", "session_s": 1}',
+    '{"event": "save", "session": "x", "session_s": 1, "step": "3"}',
+    '{"event": "save", "session": "x", "session_s": 1, "step": 1e400}',
+    '{"event": "save", "session": "x", "session_s": 1, "step": -1}',
+    '{"event": "finished", "session": "x", "session_s": 1, "step": ' + "9" * 30 + "}",
+    '"just a string"',
+    "\x00\xff garbage",
+]
+
+
+@pytest.mark.parametrize("line", GARBAGE, ids=range(len(GARBAGE)))
+def test_a_line_this_module_did_not_write_is_skipped(tmp_path, line):
+    good = RunLog(tmp_path, session="a")
+    good.append("start", session_s=0.0)
+    good.append("save", session_s=5.0, step=3)
+    with open(good.path, "a", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(line + "\n")
+    later = RunLog(tmp_path, session="b")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        events = read_events(later.path)
+        ev = later.evidence()
+    assert [(e["session"], e["event"]) for e in events] == [("a", "start"), ("a", "save")]
+    assert (ev.failures, ev.exposure_s) == (1, 5.0)
+
+
+def test_a_checkpointer_restores_over_a_run_log_full_of_garbage(tmp_path):
+    torch = pytest.importorskip("torch")
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.policies import FixedInterval
+
+    model = torch.nn.Linear(2, 2)
+    with AdaptiveCheckpointer(tmp_path, model=model, policy=FixedInterval(1e9)) as ck:
+        ck.restore()
+        for step in range(1, 4):
+            ck.step(step)
+    with open(tmp_path / "runlog.jsonl", "a", encoding="utf-8") as f:
+        f.write("\n".join(GARBAGE[:3] + GARBAGE[4:]) + "\n")
+        # a save record whose estimates are not numbers: never fed to the schedule
+        f.write('{"event": "save", "session": "z", "session_s": 1, "step": 3, ')
+        f.write('"estimates": {"write_s": "fast", "evil": 1}}\n')
+    ck = AdaptiveCheckpointer(tmp_path, model=model, policy=FixedInterval(1e9))
+    assert ck.restore() == 3
+    assert ck.finished
+    ck.close()

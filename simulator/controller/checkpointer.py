@@ -67,7 +67,7 @@ from simulator.controller.integrity import (
 )
 from simulator.controller.loader import ResumableLoader, refuse_unwrapped_loader
 from simulator.controller.lock import READ_ONLY, DirectoryLock, open_directory
-from simulator.controller.runlog import RunLog, read_events
+from simulator.controller.runlog import RunLog
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
 from simulator.controller.storage import (
@@ -849,8 +849,7 @@ class AdaptiveCheckpointer:
         marked = False
         if self.backend.rank == 0 and step > 0:
             marked = any(
-                e["event"] == "finished" and e.get("step") == step
-                for e in read_events(self.runlog.path)
+                e["event"] == "finished" and e.get("step") == step for e in self.runlog.events()
             )
         marked = bool(self._broadcast_point(step, marked))
         self._set_due(self._planned_due)

@@ -55,17 +55,17 @@ class ExternalSaveSchedule:
         ``step`` (the framework's checkpoint has no room for them; the run log does), so it
         needs no new probe, just as AdaptiveCheckpointer.restore seeds from its checkpoint.
         """
-        from simulator.controller.runlog import read_events
         from simulator.controller.schedule import Estimates
 
         if step > 0:
             seed = None
             if self.backend.rank == 0:
-                for event in reversed(read_events(self.ckpt.runlog.path)):
-                    est = event.get("estimates")
-                    if event["event"] == "save" and isinstance(est, dict) and event["step"] <= step:
-                        seed = est
-                        break
+                for event in reversed(self.ckpt.runlog.events()):
+                    est, at = event.get("estimates"), event.get("step")
+                    if event["event"] == "save" and isinstance(est, dict) and at is not None:
+                        if at <= step and Estimates.bad_entry(est) is None:
+                            seed = est
+                            break
             # Every rank seeds alike (only rank 0 reads the log): a rank left probing would
             # plan, and so broadcast, at steps where rank 0 does not.
             seed = self.backend.broadcast(seed)

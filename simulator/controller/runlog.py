@@ -24,8 +24,10 @@ crash in mid-append are skipped.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -51,19 +53,72 @@ class Evidence:
     """Past sessions (those that never trained included)."""
 
 
-def read_events(path: str | os.PathLike) -> list[dict]:
-    """The log's events in order; torn or foreign lines are skipped."""
-    events = []
+_MAX_BYTES = 256 << 20
+"""A run log larger than this is not read (a save line is ~200 bytes: a million saves fit)."""
+
+
+def _valid(event: object) -> bool:
+    """A record this module wrote: string event and session, a finite non-negative running
+    time, a step that is a plain non-negative integer. Anything else (a foreign or edited
+    line) is skipped rather than allowed to raise deep inside the checkpointer."""
+    if not isinstance(event, dict):
+        return False
+    if not isinstance(event.get("event"), str) or not isinstance(event.get("session"), str):
+        return False
+    t = event.get("session_s", 0.0)
+    if isinstance(t, bool) or not isinstance(t, int | float):
+        return False
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:  # none yet, or unreadable: no evidence either way
-        return events
+        if not (0.0 <= float(t) < 1e12):  # NaN, inf and a 4,000-digit integer all fail here
+            return False
+    except OverflowError:
+        return False
+    step = event.get("step")
+    return step is None or (type(step) is int and 0 <= step < 2**63)
+
+
+def _open_regular(path: Path, flags: int, *, follow: bool) -> int:
+    """An fd for ``path`` only if it is a regular file (never a FIFO or device that would
+    block or never end), and, unless ``follow``, not a symbolic link."""
+    flags |= os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                exc.errno, f"{path} is a symlink; the run log is never read or written through one"
+            ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return fd
+
+
+def read_events(path: str | os.PathLike, *, follow: bool = False) -> list[dict]:
+    """The log's events in order; torn, foreign or malformed lines are skipped.
+
+    A missing log is no evidence (an empty list). A log that is a symbolic link (unless
+    ``follow``: a path a person gave on the command line), not a regular file, or larger than
+    256 MiB raises ``OSError`` with the reason.
+    """
+    path = Path(path)
+    try:
+        fd = _open_regular(path, os.O_RDONLY, follow=follow)
+    except FileNotFoundError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > _MAX_BYTES:
+            raise OSError(errno.EFBIG, f"{path} is {size} bytes, more than a run log holds")
+        text = f.read(_MAX_BYTES + 1).decode("utf-8", errors="replace")
+    events = []
     for line in text.splitlines():
         try:
             event = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # torn, foreign, too deep or too long a number
             continue
-        if isinstance(event, dict) and "event" in event and "session" in event:
+        if _valid(event):
             events.append(event)
     return events
 
@@ -110,8 +165,24 @@ class RunLog:
         self._tail_checked = False
         self._warned = False
 
+    def events(self) -> list[dict]:
+        """The log's events; one that cannot be read safely (a symbolic link, not a regular
+        file) is warned about once and holds none."""
+        try:
+            return read_events(self.path)
+        except OSError as exc:
+            self._warn(exc, "read")
+            return []
+
     def evidence(self) -> Evidence:
-        return failure_evidence(read_events(self.path), exclude_session=self.session)
+        """What the log says of past sessions."""
+        return failure_evidence(self.events(), exclude_session=self.session)
+
+    def _warn(self, exc: OSError, doing: str) -> None:
+        if not self._warned:
+            self._warned = True
+            reason = exc.strerror or str(exc)
+            warnings.warn(f"cannot {doing} the run log {self.path}: {reason}", stacklevel=4)
 
     def append(self, event: str, *, session_s: float, **fields) -> None:
         """Append one event; a log that cannot be written (a full disk) is warned about once,
@@ -121,28 +192,25 @@ class RunLog:
         try:
             self._append(event, session_s=session_s, **fields)
         except OSError as exc:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"cannot write the run log {self.path}: {exc}", stacklevel=3)
+            self._warn(exc, "write")
 
     def _append(self, event: str, *, session_s: float, **fields) -> None:
         record = {"event": event, "session": self.session, "session_s": round(session_s, 3)}
         record.update(fields)
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self._tail_checked:
-            # A crash mid-append leaves a line without its newline; start on a fresh line so
-            # the torn record does not swallow this one.
-            self._tail_checked = True
-            if self.path.exists() and self.path.stat().st_size:
-                with open(self.path, "rb") as f:
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":
-                        line = b"\n" + line
         # One write per line on an O_APPEND descriptor, then fsync: a crash leaves at most one
-        # torn final line, which read_events skips.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # torn final line, which read_events skips. Never through a symlink: the record would
+        # land in whatever file it names.
+        fd = _open_regular(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, follow=False)
         try:
+            if not self._tail_checked:
+                # A crash mid-append leaves a line without its newline; start on a fresh line
+                # so the torn record does not swallow this one.
+                self._tail_checked = True
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
             os.write(fd, line)
             os.fsync(fd)
         finally:

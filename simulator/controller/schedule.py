@@ -39,6 +39,16 @@ class Estimates:
     write_s: float | None = None
     iteration_s: float | None = None
 
+    @classmethod
+    def bad_entry(cls, record: dict) -> tuple[object, object] | None:
+        """The first (key, value) of a stored record (a checkpoint's, a run log's) that is not
+        an estimate (a known name, None or a finite number >= 0), or None when all are."""
+        for key, value in record.items():
+            ok = value is None or (type(value) in (int, float) and 0 <= value < math.inf)
+            if key not in cls.__dataclass_fields__ or not ok:
+                return key, value
+        return None
+
 
 class Schedule:
     """The estimates behind the interval, and the step at which the next save is due."""

@@ -24,7 +24,6 @@ own ``load_state_dict`` refuses does not fit this run: ``IncompatibleCheckpoint`
 from __future__ import annotations
 
 import base64
-import dataclasses
 import math
 import random
 from collections.abc import Iterator, Mapping
@@ -54,7 +53,6 @@ __all__ = [
 ]
 
 _PLAIN = frozenset({int, float, str, bool, type(None)})
-_ESTIMATES = frozenset(f.name for f in dataclasses.fields(Estimates))
 _TAGS = ("__tensor__", "__tuple__", "__dict__", "__bytes__", "__ndarray__", "__npscalar__")
 
 
@@ -175,13 +173,12 @@ def check_state(state: Any, *, where: str | None = None) -> Any:
                 raise ckptio.CorruptCheckpoint(
                     f"malformed state: {name} is a {type(state[name]).__name__}, not a dict"
                 )
-        for key, value in state.get("controller", {}).items():
-            if key not in _ESTIMATES or not (
-                value is None or (type(value) in (int, float) and value >= 0)
-            ):
-                raise ckptio.CorruptCheckpoint(
-                    f"malformed state: controller estimate {shown(key, 40)} = {shown(value, 40)}"
-                )
+        bad = Estimates.bad_entry(state.get("controller", {}))
+        if bad is not None:
+            key, value = bad
+            raise ckptio.CorruptCheckpoint(
+                f"malformed state: controller estimate {shown(key, 40)} = {shown(value, 40)}"
+            )
     except ckptio.CorruptCheckpoint as exc:
         if where is None:
             raise
