@@ -13,7 +13,14 @@ deleted, since unlinking a lock file races with a process that has just opened i
 worker) would keep the lock alive after its parent died, so children close their copy at fork,
 which leaves the parent's lock in place. On NFS, Linux implements ``flock`` with the server's
 byte-range locks, so the lock holds across nodes; a file system without lock support (Lustre
-mounted without ``flock``) gets a warning and no lock.
+mounted without ``flock``) gets a warning and no lock, and the run then deletes nothing in the
+directory but the checkpoints it wrote itself.
+
+The holder's note is written into the lock file, so the file must be the directory's own: a
+symlink, a FIFO or a hard link planted at its name (``cp -al`` copies make hard links) is
+refused with :class:`CheckpointWriteError`, never written through. A directory that is not
+readable is refused in one line; one that is readable but not writable (``chmod a-w``, a
+read-only mount) is opened for restoring only (:data:`READ_ONLY`).
 """
 
 from __future__ import annotations
@@ -29,12 +36,18 @@ import weakref
 from pathlib import Path
 
 from simulator.controller.integrity import CheckpointLocked, CheckpointWriteError
+from simulator.controller.runlog import open_regular
+from simulator.errors import InputError
 
 __all__ = ["LOCK_FILE", "READ_ONLY", "DirectoryLock", "open_directory"]
 
 LOCK_FILE = ".ckptsim.lock"
 READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 """An ``open`` failing with one of these means the directory cannot be written at all."""
+
+_NOT_OURS = frozenset({errno.ELOOP, errno.EINVAL, errno.EMLINK})
+"""How :func:`~simulator.controller.runlog.open_regular` refuses a symlink, a FIFO or device,
+and a hard link at the lock file's name."""
 
 READ_ONLY = "read-only"
 """What :func:`open_directory` returns for a directory that cannot be written."""
@@ -61,7 +74,17 @@ class DirectoryLock:
         """
         if self._fd is not None:
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in _NOT_OURS:
+                # The holder's note is written into the file: through a planted link it would
+                # overwrite a file outside the directory.
+                raise CheckpointWriteError(
+                    f"cannot lock the checkpoint directory: {exc.strerror}; remove it (it holds "
+                    "only a note of the lock's last holder) and launch again"
+                ) from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -110,7 +133,7 @@ def open_directory(root: Path, lock: DirectoryLock) -> str | None:
     the :class:`CheckpointLocked` refusal when another run holds it.
 
     A file system that cannot lock is warned about and used unlocked (``lock.held`` is False:
-    nothing may then be cleaned up in it).
+    nothing but the checkpoints this process wrote may then be deleted in it).
     """
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -119,23 +142,42 @@ def open_directory(root: Path, lock: DirectoryLock) -> str | None:
             f"cannot create the checkpoint directory {root}: {exc.strerror or exc}"
         ) from None
     try:
+        os.listdir(root)
+    except OSError as exc:
+        raise InputError(
+            f"cannot read the checkpoint directory {root} ({exc.strerror or exc}): give this "
+            "user read, write and search permission on it (chmod u+rwx) or use another directory"
+        ) from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        # Made read-only (chmod a-w) while its files, the lock file too, stay writable: the lock
+        # could be taken and its note written, but nothing else could be cleaned up or saved.
+        return _read_only(root)
+    try:
         lock.acquire()
     except CheckpointLocked as exc:
         return str(exc)
+    except CheckpointWriteError:
+        raise  # an OSError, but a refusal: the lock file is not the directory's own
     except OSError as exc:
         if exc.errno in READ_ONLY_ERRNOS and not os.access(root, os.W_OK):
-            warnings.warn(
-                f"checkpoint directory {root} is read-only: restoring only (no lock, no run "
-                "log, no clean-up); a save will fail",
-                stacklevel=3,
-            )
-            return READ_ONLY
+            return _read_only(root)
         warnings.warn(
             f"cannot lock checkpoint directory {root} ({exc.strerror or exc}): nothing stops "
-            "a second run from writing into it, so nothing is cleaned up in it",
+            "a second run from writing into it, so nothing but this run's own checkpoints is "
+            "cleaned up in it",
             stacklevel=3,
         )
+        return None
     return None
+
+
+def _read_only(root: Path) -> str:
+    warnings.warn(
+        f"checkpoint directory {root} is read-only: restoring only (no lock, no run log, no "
+        "clean-up); a save will fail",
+        stacklevel=4,
+    )
+    return READ_ONLY
 
 
 def _read_holder(fd: int) -> dict:

@@ -19,7 +19,8 @@ nor exposure.
 
 :func:`failure_evidence` turns the log into (failures, exposure seconds), the observation that
 updates :class:`simulator.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
-crash in mid-append are skipped.
+crash in mid-append are skipped. The log is never written through a symlink or into a file
+with other hard links (:func:`open_regular`): either would write into another directory.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RUNLOG", "Evidence", "RunLog", "failure_evidence", "read_events"]
+__all__ = ["RUNLOG", "Evidence", "RunLog", "failure_evidence", "open_regular", "read_events"]
 
 RUNLOG = "runlog.jsonl"
 _TRAINING = frozenset({"restore", "save", "crashed"})
@@ -77,21 +78,32 @@ def _valid(event: object) -> bool:
     return step is None or (type(step) is int and 0 <= step < 2**63)
 
 
-def _open_regular(path: Path, flags: int, *, follow: bool) -> int:
+def open_regular(path: Path, flags: int, *, follow: bool = False) -> int:
     """An fd for ``path`` only if it is a regular file (never a FIFO or device that would
-    block or never end), and, unless ``follow``, not a symbolic link."""
+    block or never end), unless ``follow`` not a symbolic link, and, when opened for writing,
+    the file's only name: a hard link (``cp -al`` makes them) would carry what is written here
+    into another directory's file. Refusals are ``OSError`` with ``errno`` ELOOP, EINVAL or
+    EMLINK and the reason as ``strerror``. Also used for the lock file."""
     flags |= os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OSError(
-                exc.errno, f"{path} is a symlink; the run log is never read or written through one"
+                exc.errno, f"{path} is a symlink; it is never read or written through one"
             ) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    if flags & (os.O_WRONLY | os.O_RDWR) and st.st_nlink > 1:
+        os.close(fd)
+        raise OSError(
+            errno.EMLINK,
+            f"{path} has {st.st_nlink} hard links: writing it would change another "
+            "directory's file too",
+        )
     return fd
 
 
@@ -104,7 +116,7 @@ def read_events(path: str | os.PathLike, *, follow: bool = False) -> list[dict]:
     """
     path = Path(path)
     try:
-        fd = _open_regular(path, os.O_RDONLY, follow=follow)
+        fd = open_regular(path, os.O_RDONLY, follow=follow)
     except FileNotFoundError:
         return []
     with os.fdopen(fd, "rb") as f:
@@ -200,9 +212,9 @@ class RunLog:
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # One write per line on an O_APPEND descriptor, then fsync: a crash leaves at most one
-        # torn final line, which read_events skips. Never through a symlink: the record would
-        # land in whatever file it names.
-        fd = _open_regular(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, follow=False)
+        # torn final line, which read_events skips. Never through a symlink or a hard link: the
+        # record would land in whatever file it names.
+        fd = open_regular(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
             if not self._tail_checked:
                 # A crash mid-append leaves a line without its newline; start on a fresh line
