@@ -270,6 +270,7 @@ class AdaptiveCheckpointer:
         self.resumed_from: int | None = None
         self.last_saved_step: int | None = None
         self.saves = 0
+        self._written: set[int] = set()
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
@@ -500,6 +501,7 @@ class AdaptiveCheckpointer:
         )
         if self.backend.rank == 0:
             self.last_saved_step = step
+            self._written.add(step)  # without the lock, retention deletes only these
             self.schedule.write.update(self.clock() - t0)
             self._report(step, bytes=self._checkpoint_bytes(step))
             try:
@@ -508,6 +510,7 @@ class AdaptiveCheckpointer:
                     keep_last=self.keep_last,
                     milestones=self.milestone_steps,
                     resumed_from=self.resumed_from,
+                    among=None if self._lock.held else self._written,
                 )
             except OSError as exc:
                 warnings.warn(f"checkpoint retention failed: {exc}", stacklevel=2)

@@ -21,6 +21,8 @@ The root is the user's data, so what retention may touch is narrow:
   A crash leaves either the intact checkpoint or a ``.deleting-`` entry that no reader counts
   and that the next retention or restore (:func:`finish_deletions`) removes, so the
   keep-last bound holds across any number of kills.
+- In a directory that could not be locked (a file system without ``flock``) retention counts
+  and deletes only the checkpoints this process wrote, and tidies nothing else.
 - Checkpoints that a restore rejected are moved aside as ``step-N.rejected-<why>``
   (:mod:`simulator.controller.commit`); no name but ``step-N`` is ever counted or deleted.
 """
@@ -252,15 +254,23 @@ def apply_retention(
     keep_last: int,
     milestones: Iterable[int] = (),
     resumed_from: int | None = None,
+    among: Iterable[int] | None = None,
 ) -> list[int]:
     """Delete what :func:`retention_plan` says; returns the deleted steps.
 
     Deletions an earlier process left half-done are finished first. Call only while holding
-    the directory's lock (:mod:`simulator.controller.lock`).
+    the directory's lock (:mod:`simulator.controller.lock`), or pass ``among``: the steps this
+    process wrote itself into a directory it could not lock. Only those are then counted and
+    deleted, and nothing else is tidied: the rest may be another writer's, or ones a restore
+    rejected but could not move aside, which would otherwise count as the newest.
     """
-    finish_deletions(storage)
+    complete = complete_steps(storage)
+    if among is None:
+        finish_deletions(storage)
+    else:
+        complete = sorted(set(complete) & set(among))
     doomed = retention_plan(
-        complete_steps(storage),
+        complete,
         keep_last=keep_last,
         milestones=milestones,
         resumed_from=resumed_from,
