@@ -94,6 +94,56 @@ def test_a_hard_linked_copy_of_a_run_never_writes_into_the_original_runs_files(t
         ckptio.verify_checkpoint(original / checkpoint_name(step))
 
 
+_DISTRIBUTED_SAVE = """
+import sys, tempfile, warnings, torch, torch.distributed as dist
+from simulator.controller import AdaptiveCheckpointer
+from simulator.controller.distributed import DistributedBackend
+from simulator.policies import FixedInterval
+warnings.simplefilter("ignore")
+dist.init_process_group(
+    "gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1
+)
+ck = AdaptiveCheckpointer(
+    sys.argv[1], model=torch.nn.Linear(4, 4), policy=FixedInterval(1e9),
+    backend=DistributedBackend(),
+)
+print("STEP", ck.restore())
+for step in map(int, sys.argv[3:]):
+    try:
+        ck.save(step)
+        print("SAVED", step)
+    except Exception as exc:
+        print("FAILED", step, type(exc).__name__, exc)
+ck.close(finished=False)
+"""
+
+
+def test_a_distributed_save_never_writes_through_a_temp_directory_planted_as_a_symlink(tmp_path):
+    run_dir, outside = tmp_path / "run", tmp_path / "another-run"
+    outside.mkdir()
+    (outside / "theirs.txt").write_text("theirs")
+    script = tmp_path / "dist_save.py"
+    script.write_text(_DISTRIBUTED_SAVE)
+
+    def launch(*steps):
+        store = tmp_path / f"store-{len(steps)}"
+        run = subprocess.run(
+            [sys.executable, str(script), str(run_dir), str(store), *map(str, steps)],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        return run.stdout.splitlines()
+
+    assert launch(1) == ["STEP 0", "SAVED 1"]
+    (run_dir / f".tmp-{checkpoint_name(2)}").symlink_to(outside, target_is_directory=True)
+    lines = launch(2, 3)
+    assert lines[0] == "STEP 1" and lines[2] == "SAVED 3", lines
+    assert lines[1].startswith("FAILED 2 CheckpointWriteError") and "is a symlink" in lines[1]
+    assert sorted(p.name for p in outside.iterdir()) == ["theirs.txt"]  # nothing written there
+    assert step_dirs(run_dir) == [checkpoint_name(1), checkpoint_name(3)]
+    assert not (run_dir / checkpoint_name(3)).is_symlink()
+
+
 # -- permissions changed under the run ---------------------------------------------------------
 def _unprivileged() -> list[str] | None:
     """A command prefix under which file permissions apply (root without DAC overrides)."""

@@ -3,11 +3,11 @@
 A save commits only complete checkpoints. Through a backend that writes atomically itself
 (:class:`~simulator.controller.backend.LocalBackend`, a :mod:`simulator.ckptio` directory)
 the step directory appears whole or not at all. Through one that does not (torch.distributed),
-every rank writes into one hidden temp directory on shared storage and leaves a marker saying
-how it went; rank 0 commits — ckptio manifest last, rename, fsync — only when every rank
-succeeded. The markers, not a collective, carry the outcome, so the same code runs in the
-background thread of an asynchronous save. Re-saving an existing step moves the old one aside
-first and drops it only once the new one is complete.
+every rank writes into one hidden temp directory on shared storage (never through a symlink
+planted at its name) and leaves a marker saying how it went; rank 0 commits — ckptio manifest
+last, rename, fsync — only when every rank succeeded. The markers, not a collective, carry the
+outcome, so the same code runs in the background thread of an asynchronous save. Re-saving an
+existing step moves the old one aside first and drops it only once the new one is complete.
 
 At restore, rank 0 — holding the directory's lock, so no other writer's files are in flight —
 first tidies what crashed processes left (temp directories of unfinished writes, deletions
@@ -156,6 +156,12 @@ def _write_through_temp(
     tmp_name = f".tmp-{name}"
     tmp = root / tmp_name
     tmp.mkdir(parents=True, exist_ok=True)
+    if tmp.is_symlink():
+        # mkdir(exist_ok) accepts a link to a directory: every rank would write there, outside
+        # the root, and the commit would rename the link into a step-N that no restore uses.
+        raise CheckpointWriteError(
+            f"{tmp} is a symlink; a checkpoint is never written through one: remove it"
+        )
     rank, world = backend.rank, backend.world_size
     try:
         backend.write(tmp, state)
