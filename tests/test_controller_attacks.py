@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,24 @@ def test_a_directory_made_read_only_with_a_writable_lock_file_restores_and_chang
     assert out["STEP"] == "2 2.0"
     assert out["SAVE"].startswith("CheckpointWriteError") and "read-only" in out["SAVE"]
     assert sorted((str(p), p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+
+
+# -- a person's rescue -----------------------------------------------------------------------------
+def test_checkpoints_renamed_back_by_hand_resume_and_retention_deletes_them_by_their_names(
+    tmp_path,
+):
+    save_steps(tmp_path, [10, 20], keep_last=2)
+    # A rescue typed by hand: the step is right, the zero padding is not the controller's.
+    os.rename(tmp_path / checkpoint_name(10), tmp_path / "step-10")
+    os.rename(tmp_path / checkpoint_name(20), tmp_path / "step-0020")
+    model = torch.nn.Linear(4, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "retention failed" at every save
+        with checkpointer(tmp_path, model, keep_last=2) as ck:
+            assert ck.restore() == 20 and model.weight[0, 0].item() == 20.0
+            for step in (21, 22, 23):
+                ck.save(step)
+    assert step_dirs(tmp_path) == [checkpoint_name(22), checkpoint_name(23)]  # the bound holds
 
 
 # -- a file system without flock ----------------------------------------------------------------

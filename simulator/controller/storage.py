@@ -213,7 +213,14 @@ def complete_steps(storage: Storage) -> list[int]:
     Symbolic links are no checkpoints of this root: neither a linked ``step-N`` nor a linked
     manifest counts, so nothing is ever kept or deleted on their account.
     """
-    steps = []
+    return sorted(_complete_names(storage))
+
+
+def _complete_names(storage: Storage) -> dict[int, list[str]]:
+    """Step -> the names of its complete checkpoints: usually one ``step-NNNNNNNN``, but a
+    person's rescue may have named it by hand (``step-10``), and retention must delete it by
+    the name it has."""
+    names: dict[int, list[str]] = {}
     for name in storage.list():
         step = checkpoint_step(name)
         manifest = f"{name}/{MANIFEST}"
@@ -223,8 +230,8 @@ def complete_steps(storage: Storage) -> list[int]:
             and storage.exists(manifest)
             and not storage.is_symlink(manifest)
         ):
-            steps.append(step)
-    return sorted(steps)
+            names.setdefault(step, []).append(name)
+    return names
 
 
 def retention_plan(
@@ -264,11 +271,10 @@ def apply_retention(
     deleted, and nothing else is tidied: the rest may be another writer's, or ones a restore
     rejected but could not move aside, which would otherwise count as the newest.
     """
-    complete = complete_steps(storage)
     if among is None:
         finish_deletions(storage)
-    else:
-        complete = sorted(set(complete) & set(among))
+    names = _complete_names(storage)
+    complete = sorted(names) if among is None else sorted(set(names) & set(among))
     doomed = retention_plan(
         complete,
         keep_last=keep_last,
@@ -276,7 +282,8 @@ def apply_retention(
         resumed_from=resumed_from,
     )
     for step in doomed:
-        delete_checkpoint(storage, checkpoint_name(step))
+        for name in names[step]:
+            delete_checkpoint(storage, name)
     return doomed
 
 
