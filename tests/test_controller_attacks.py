@@ -47,7 +47,9 @@ def step_dirs(directory):
 
 
 # -- the lock file is the directory's own ---------------------------------------------------------
-@pytest.mark.parametrize("planted", ["symlink", "dangling symlink", "hard link", "fifo"])
+@pytest.mark.parametrize(
+    "planted", ["symlink", "dangling symlink", "hard link", "fifo", "directory"]
+)
 def test_a_lock_file_planted_as_a_link_or_fifo_is_refused_and_nothing_outside_is_written(
     tmp_path, planted
 ):
@@ -62,8 +64,10 @@ def test_a_lock_file_planted_as_a_link_or_fifo_is_refused_and_nothing_outside_is
     elif planted == "hard link":
         victim.write_text("precious\n")
         os.link(victim, lock)
-    else:
+    elif planted == "fifo":
         os.mkfifo(lock)
+    else:
+        lock.mkdir()  # would have run unlocked, with only a warning
     before = victim.read_text() if victim.exists() else None
     with pytest.raises(CheckpointWriteError) as info:
         checkpointer(run)
@@ -71,7 +75,10 @@ def test_a_lock_file_planted_as_a_link_or_fifo_is_refused_and_nothing_outside_is
     assert str(lock) in message and "remove it" in message and "\n" not in message
     assert (victim.read_text() if victim.exists() else None) == before
     assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]  # no run log, no start
-    lock.unlink()
+    if planted == "directory":
+        lock.rmdir()
+    else:
+        lock.unlink()
     save_steps(run, [1])  # once removed, the directory works as any other
     assert step_dirs(run) == [checkpoint_name(1)]
 

@@ -17,8 +17,8 @@ mounted without ``flock``) gets a warning and no lock, and the run then deletes 
 directory but the checkpoints it wrote itself.
 
 The holder's note is written into the lock file, so the file must be the directory's own: a
-symlink, a FIFO or a hard link planted at its name (``cp -al`` copies make hard links) is
-refused with :class:`CheckpointWriteError`, never written through. A directory that is not
+symlink, a FIFO, a directory or a hard link planted at its name (``cp -al`` copies make hard
+links) is refused with :class:`CheckpointWriteError`, never written through. A directory that is not
 readable is refused in one line; one that is readable but not writable (``chmod a-w``, a
 read-only mount) is opened for restoring only (:data:`READ_ONLY`).
 """
@@ -45,9 +45,10 @@ LOCK_FILE = ".ckptsim.lock"
 READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 """An ``open`` failing with one of these means the directory cannot be written at all."""
 
-_NOT_OURS = frozenset({errno.ELOOP, errno.EINVAL, errno.EMLINK})
+_NOT_OURS = frozenset({errno.ELOOP, errno.EINVAL, errno.EMLINK, errno.EISDIR})
 """How :func:`~simulator.controller.runlog.open_regular` refuses a symlink, a FIFO or device,
-and a hard link at the lock file's name."""
+and a hard link at the lock file's name (and ``open`` a directory): never a reason to run
+unlocked."""
 
 READ_ONLY = "read-only"
 """What :func:`open_directory` returns for a directory that cannot be written."""
@@ -77,6 +78,8 @@ class DirectoryLock:
         try:
             fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         except OSError as exc:
+            if exc.errno == errno.EISDIR:
+                exc = OSError(exc.errno, f"{self.path} is a directory")
             if exc.errno in _NOT_OURS:
                 # The holder's note is written into the file: through a planted link it would
                 # overwrite a file outside the directory.
