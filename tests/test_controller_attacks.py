@@ -255,14 +255,16 @@ def test_checkpoints_renamed_back_by_hand_resume_and_retention_deletes_them_by_t
 
 
 # -- a file system without flock ----------------------------------------------------------------
+def _no_locks(fd, operation):
+    """fcntl.flock on Lustre mounted without flock."""
+    raise OSError(errno.ENOLCK, "No locks available")
+
+
 def test_without_flock_retention_deletes_only_the_checkpoints_this_run_wrote(tmp_path, monkeypatch):
     save_steps(tmp_path, [10, 20, 30], keep_last=3)
     shutil.copytree(tmp_path / checkpoint_name(10), tmp_path / checkpoint_name(99))  # misnamed
 
-    def no_locks(fd, operation):
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(fcntl, "flock", no_locks)  # Lustre mounted without flock
+    monkeypatch.setattr(fcntl, "flock", _no_locks)
     with pytest.warns(UserWarning) as caught:
         model = torch.nn.Linear(4, 4)
         ck = checkpointer(tmp_path, model, keep_last=2)
@@ -275,6 +277,29 @@ def test_without_flock_retention_deletes_only_the_checkpoints_this_run_wrote(tmp
     # The rejected copy (it could not be moved aside) does not count as the newest, and what
     # this run did not write is not its to delete; its own beyond keep_last are.
     assert step_dirs(tmp_path) == [checkpoint_name(s) for s in (10, 20, 30, 32, 33, 99)]
+
+
+def test_a_rejected_checkpoint_that_could_not_be_moved_aside_survives_a_save_of_its_step(
+    tmp_path, monkeypatch
+):
+    save_steps(tmp_path, [30, 40], keep_last=2)
+    tensors = tmp_path / checkpoint_name(40) / ckptio.TENSOR_FILE
+    damaged = bytearray(tensors.read_bytes())
+    damaged[-3] ^= 0xFF
+    tensors.write_bytes(bytes(damaged))
+    monkeypatch.setattr(fcntl, "flock", _no_locks)
+    with pytest.warns(UserWarning) as caught:
+        model = torch.nn.Linear(4, 4)
+        ck = checkpointer(tmp_path, model, keep_last=2)
+        assert ck.restore() == 30  # step-40 rejected, but unlocked it stays where it is
+        assert (tmp_path / checkpoint_name(40)).is_dir()
+        for step in range(31, 42):
+            ck.save(step)  # step 40 again: the rejected one must not be replaced and dropped
+        ck.close(finished=False)
+    assert "CRC" in " ".join(str(w.message) for w in caught)
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith(f"{checkpoint_name(40)}.rejected-")]
+    assert len(kept) == 1 and (kept[0] / ckptio.TENSOR_FILE).read_bytes() == bytes(damaged)
+    ckptio.verify_checkpoint(tmp_path / checkpoint_name(40))  # this run's own step 40
 
 
 # -- SIGKILL at random points -------------------------------------------------------------------

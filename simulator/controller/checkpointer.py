@@ -271,6 +271,7 @@ class AdaptiveCheckpointer:
         self.last_saved_step: int | None = None
         self.saves = 0
         self._written: set[int] = set()
+        self._rejected_in_place: set[str] = set()  # rank 0: rejected, but could not be moved
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
@@ -496,6 +497,8 @@ class AdaptiveCheckpointer:
                 "give a writable directory to save"
             )
         t0 = self.clock()
+        if self.backend.rank == 0:
+            self._keep_rejected(step)
         write_and_commit(
             self.root, self.storage, self.backend, step, state, barriers=not self.async_save
         )
@@ -583,7 +586,26 @@ class AdaptiveCheckpointer:
             return
         line = reject(self.storage, name, why, reason, move=self._lock.held)
         warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
+        self._note_rejected(name, line)
+
+    def _note_rejected(self, name: str, line: str) -> None:
         self._rejected[name] = line
+        if self.storage.exists(name) or self.storage.is_symlink(name):
+            self._rejected_in_place.add(name)
+
+    def _keep_rejected(self, step: int) -> None:
+        """Before saving over a ``step-N`` the restore rejected but left in place (no lock, or
+        the move failed): move it aside now, since a re-save drops the checkpoint it replaces."""
+        name = checkpoint_name(step)
+        if name not in self._rejected_in_place:
+            return
+        reject(self.storage, name, "unverified", "rejected at restore")
+        if self.storage.exists(name) or self.storage.is_symlink(name):
+            raise CheckpointWriteError(
+                f"{name} failed verification at restore and cannot be moved aside; it is kept: "
+                "move it out of the directory to save this step"
+            )
+        self._rejected_in_place.discard(name)
 
     def _choose_everywhere(self) -> str | None:
         """Rank 0 chooses; every rank gets the choice, or raises the same refusal."""
@@ -609,7 +631,7 @@ class AdaptiveCheckpointer:
         )
         for name, line in rejected.items():
             warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
-            self._rejected[name] = line
+            self._note_rejected(name, line)
         if choice is not None:
             return choice
         lines = list(self._rejected.values()) + [
