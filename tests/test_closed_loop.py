@@ -275,3 +275,18 @@ def test_quick_study_writes_a_report_from_its_own_runs(tmp_path):
     assert "| adaptive (policy=None) |" in text and "Replay with each run's own measured" in text
     assert "| speed-adjusted |" in text
     assert (tmp_path / "figures" / "closed-loop-prediction.png").stat().st_size > 1000
+
+
+def test_render_only_redraws_the_figures_from_the_kept_per_run_data(tmp_path, capsys):
+    from experiments import closed_loop
+    from experiments.crashtest.report import save_figure_data, summarise
+
+    study = _study_with([dict(fast=10, default=12, adaptive=11)] * 2)
+    save_figure_data(study, summarise(study), tmp_path / "data" / "cl-runs.json")
+    assert closed_loop.main(["--render-only", "--out", str(tmp_path / "cl.md")]) == 0
+    figs = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figs == ["cl-policies.png", "cl-prediction.png"]
+    assert not (tmp_path / "cl.md").exists()  # the report's text is not rewritten
+    with pytest.raises(SystemExit):
+        closed_loop.main(["--render-only", "--out", str(tmp_path / "other.md")])
+    assert "other-runs.json not found" in capsys.readouterr().err

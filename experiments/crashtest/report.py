@@ -141,12 +141,39 @@ def plot(study: dict, s: dict, figdir: Path, stem: str = "closed-loop") -> list[
     return [p1, p2]
 
 
+FIGURE_COLUMNS = ("label", "repeat", "wall_s", "own_s", "replay_s", "adj_s")
+
+
+def save_figure_data(study: dict, s: dict, path: Path) -> Path:
+    """What the figures draw, per run, so ``closed_loop.py --render-only`` can redraw them."""
+    import json
+
+    data = dict(
+        labels=s["labels"],
+        expected={k: study["expected"][k] for k in s["labels"]},
+        runs=s["df"][list(FIGURE_COLUMNS)].to_dict(orient="records"),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=float) + "\n", encoding="utf-8")
+    return path
+
+
+def render_figures(path: Path, figdir: Path, stem: str) -> list[Path]:
+    """Redraw the figures from :func:`save_figure_data`'s file, running nothing."""
+    import json
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    s = dict(df=pd.DataFrame(data["runs"]), labels=data["labels"])
+    return plot(dict(expected=data["expected"]), s, figdir, stem)
+
+
 def write_report(
     study: dict, out: Path, figdir: Path, *, command: str, elapsed_s: float | None
 ) -> Path:
     """Write the markdown report and its figures; ``elapsed_s`` None: runs were reused."""
     s = summarise(study)
     figs = plot(study, s, figdir, out.stem)
+    save_figure_data(study, s, out.parent / "data" / f"{out.stem}-runs.json")
     cfg, p0, p, df = study["cfg"], study["pilot"], study["pooled"], s["df"]
     clock = (
         "an exponential"
