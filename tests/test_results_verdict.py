@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.errors import InputError
-from simulator.results import goal_verdict, mean_ci
+from simulator.results import format_duration, format_usd, goal_verdict, mean_ci
 
 
 def test_a_goal_is_met_only_when_every_points_whole_interval_meets_it():
@@ -35,3 +35,16 @@ def test_no_points_or_no_bound_is_refused_or_not_shown():
     assert goal_verdict([], at_least=0.9) == "not shown"
     with pytest.raises(InputError, match="at_least and/or at_most"):
         goal_verdict([mean_ci([1.0, 1.1])])
+
+
+def test_money_is_dollars_with_thousands_separators_never_scientific():
+    assert format_usd(4.982e7) == "$49,820,000"
+    assert format_usd(-3827.4) == "-$3,827"
+    assert format_usd(-0.2) == "$0"  # no "-$0"
+    assert format_usd(float("nan")) == "—" and format_usd(float("inf")) == "inf"
+
+
+def test_durations_are_in_the_unit_a_reader_thinks_in():
+    assert [format_duration(s) for s in (45, 1116, 5400, 7.2e6)] == [
+        "45 s", "18.6 min", "1.50 h", "2,000 h",
+    ]  # fmt: skip
