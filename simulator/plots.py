@@ -90,8 +90,9 @@ def _hours_label(seconds: float) -> str:
 
 def _dollar_axis(axis) -> None:
     """Ticks in $ with thousands separators (matplotlib would write 4.98e+07 and an offset)."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+    axis.set_major_locator(MaxNLocator(5))  # a label is ~11 characters wide: fewer ticks
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: format_usd(v)))
 
 
