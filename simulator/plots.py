@@ -177,6 +177,11 @@ def optimum_vs_size(df, *, x: str = "gpus", y: str = "interval_s", by: str | Non
     ax.set_yscale("log")
     ax.set_xlabel("GPUs in the job")
     ax.set_ylabel("optimal interval (minutes)")
+    from matplotlib.ticker import FuncFormatter
+
+    # Plain minutes on the log axis (matplotlib writes 6×10¹ there by default).
+    for which in ("major", "minor"):
+        getattr(ax.yaxis, f"set_{which}_formatter")(FuncFormatter(lambda v, _p: f"{v:g}"))
     ax.legend(fontsize=8)
     return ax
 
