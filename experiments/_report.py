@@ -11,7 +11,7 @@ import platform
 import time
 from pathlib import Path
 
-from simulator.results import format_usd
+from simulator.display import format_usd
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"

@@ -12,7 +12,7 @@ import pandas as pd
 
 from experiments._report import Report, figure, table
 from simulator import optimize, plots
-from simulator.results import format_usd
+from simulator.display import format_usd
 from simulator.scenario import load_scenario
 from simulator.sweep import parse_policy
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from simulator import analytic
+from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
-from simulator.results import format_duration, format_usd
 
 __all__ = [
     "DEFAULT_MARKS_S",

@@ -24,8 +24,6 @@ __all__ = [
     "METRICS",
     "SimulationResult",
     "describe",
-    "format_duration",
-    "format_usd",
     "goal_verdict",
     "mean_ci",
 ]
@@ -88,38 +86,6 @@ def goal_verdict(intervals, *, at_least: float | None = None, at_most: float | N
     if all(not (math.isnan(lo) or math.isnan(hi)) and ok(lo) and ok(hi) for _, lo, hi in points):
         return "met"
     return "not shown"
-
-
-def format_usd(usd: float) -> str:
-    """Money as a reader writes it: ``$49,820,000``, ``-$3,827``; ``inf`` and ``—`` (NaN).
-
-    Whole dollars, thousands separated: the one money format of the CLI's human output, the
-    reports' tables and the figures' axes and legends, so a figure's number reads as the text's.
-    """
-    usd = float(usd)
-    if math.isnan(usd):
-        return "—"
-    if math.isinf(usd):
-        return "inf" if usd > 0 else "-inf"
-    text = f"${abs(usd):,.0f}"
-    return "-" + text if round(usd) < 0 else text
-
-
-def format_duration(seconds: float) -> str:
-    """A duration in the unit a reader thinks in: ``45 s``, ``18.6 min``, ``1.50 h``, ``2,000 h``.
-
-    The one format of the CLI's intervals and the figures' legends (never raw ``interval_s``).
-    """
-    seconds = float(seconds)
-    if not math.isfinite(seconds):
-        return "inf"
-    if seconds < 120:
-        return f"{seconds:.3g} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 100 * 3600:
-        return f"{seconds / 3600:.2f} h"
-    return f"{seconds / 3600:,.0f} h"
 
 
 def describe(values) -> dict[str, Any]:

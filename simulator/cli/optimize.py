@@ -19,9 +19,9 @@ import textwrap
 from typing import Any
 
 from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.display import format_duration as fmt_duration
+from simulator.display import format_usd as fmt_usd
 from simulator.errors import InputError
-from simulator.results import format_duration as fmt_duration
-from simulator.results import format_usd as fmt_usd
 
 DESCRIPTION = """\
 How often should this job checkpoint? Given the cluster's failure rate (a system MTBF, or

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
-from simulator.results import format_duration, format_usd
 
 POLICIES = ("young", "daly", "optimal", "adaptive")
 

@@ -19,8 +19,8 @@ from simulator.cli.common import (
     require_work,
     scenario_from_args,
 )
+from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
-from simulator.results import format_duration, format_usd
 
 EPILOG = """\
 axis values: a comma list (1024,4096,16384), or log:START:STOP:N / lin:START:STOP:N.
