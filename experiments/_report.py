@@ -11,6 +11,8 @@ import platform
 import time
 from pathlib import Path
 
+from simulator.display import format_usd
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
 FIGURES = REPORTS / "figures"
@@ -25,11 +27,23 @@ def figure(ax, name: str) -> str:
 
 
 def table(df, floatfmt: str = ".4g") -> str:
-    """A Markdown table of a DataFrame (no index)."""
+    """A Markdown table of a DataFrame (no index); a column named ``... (USD)`` is money.
+
+    Money is written by ``results.format_usd`` ($49,820,000, never 4.982e+07), the same
+    format as the CLI and the figures, and the ``(USD)`` is dropped from the header.
+    """
     cols = list(df.columns)
-    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    money = [str(c).endswith("(USD)") for c in cols]
+    head = [
+        str(c).removesuffix(" (USD)") if m else str(c) for c, m in zip(cols, money, strict=True)
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(cols)]
     for row in df.itertuples(index=False):
-        cells = [format(v, floatfmt) if isinstance(v, float) else str(v) for v in row]
+        cells = [
+            format_usd(v) if m and isinstance(v, (int, float)) and not isinstance(v, bool)
+            else format(v, floatfmt) if isinstance(v, float) else str(v)
+            for v, m in zip(row, money, strict=True)
+        ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -5,14 +5,21 @@ over all formats, a larger size for the two goal ratios (the project's writer vs
 the async stall vs a synchronous save), and a bf16-with-fp32-master pass — then fits the cost
 model and writes ``reports/bench-<machine>.md``, the profile JSON beside it and a figure under
 ``reports/figures/``. About 10 minutes on 2 cores and a virtual disk (more on a shared
-machine); ``--quick`` ~1 minute.
+machine); ``--quick`` ~1 minute. ``--from-json PROFILE`` re-renders the report and figure from
+the samples a profile JSON stores (refitting them), without touching the disk: a report can
+follow a change to the fit or the goal rule without a new measurement, and says so.
+
+Goals are judged per repeat at every measured size (``simulator.results.goal_verdict``): met
+only when every size's whole 95 % interval meets the goal.
 
     python experiments/bench_checkpoint.py [--quick] [--dir DIR] [--machine cpu-2core]
+    python experiments/bench_checkpoint.py --from-json reports/bench-cpu-2core.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -24,7 +31,7 @@ if str(REPO) not in sys.path:  # run as a script: make `simulator` importable
     sys.path.insert(0, str(REPO))
 
 from simulator.bench import BenchConfig, run_benchmark  # noqa: E402
-from simulator.bench.runner import BenchResult  # noqa: E402
+from simulator.bench.runner import BenchResult, summarise  # noqa: E402
 from simulator.costmodel import CostProfile  # noqa: E402
 
 PASSES = {
@@ -47,8 +54,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=REPO, help="where to write (the disk measured)")
     ap.add_argument("--machine", default="cpu-2core", help="short label for file names")
     ap.add_argument("--reports", type=Path, default=REPO / "reports")
+    ap.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="PROFILE",
+        help="re-render from a stored profile's samples instead of measuring",
+    )
     args = ap.parse_args(argv)
 
+    if args.from_json is not None:
+        data = json.loads(args.from_json.read_text())
+        samples, machine, notes = data["samples"], data["machine"], data.get("notes", [])
+    else:
+        samples, machine, notes = measure(args)
+    result = summarise(samples, notes, machine)
+    profile = CostProfile.from_samples(samples, machine)
+
+    args.reports.mkdir(parents=True, exist_ok=True)
+    figures = args.reports / "figures"
+    figures.mkdir(exist_ok=True)
+    name = f"bench-{args.machine}"
+    data = profile.to_dict() | {"notes": notes}
+    (args.reports / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    fig = figures / f"{name}.png"
+    plot(profile, fig)
+    md = render(result, profile, fig.relative_to(args.reports), args)
+    (args.reports / f"{name}.md").write_text(md)
+    print(md)
+    return 0
+
+
+def measure(args) -> tuple[list[dict], dict, list[str]]:
+    """Run the passes on ``args.dir``: samples, machine facts (with load and duration), notes."""
     import torch
 
     # The machine is shared: with other jobs running, torch's intra-op threads spin against
@@ -59,24 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[BenchResult] = []
     for spec in PASSES["quick" if args.quick else "full"]:
         runs.append(run_benchmark(BenchConfig(directory=args.dir, **spec), progress=True))
-    elapsed = time.perf_counter() - start
-    samples = [s for r in runs for s in r.samples]
     machine = dict(runs[0].machine)
     machine["loadavg_before"], machine["loadavg_after"] = load_before, os.getloadavg()
     machine["torch_threads"] = 1
-    profile = CostProfile.from_samples(samples, machine)
-
-    args.reports.mkdir(parents=True, exist_ok=True)
-    figures = args.reports / "figures"
-    figures.mkdir(exist_ok=True)
-    name = f"bench-{args.machine}"
-    profile.save(args.reports / f"{name}.json")
-    fig = figures / f"{name}.png"
-    plot(profile, fig)
-    md = render(runs, profile, fig.relative_to(args.reports), elapsed, args)
-    (args.reports / f"{name}.md").write_text(md)
-    print(md)
-    return 0
+    machine["elapsed_s"] = time.perf_counter() - start
+    machine["command"] = "python experiments/bench_checkpoint.py" + (
+        " --quick" if args.quick else ""
+    )
+    notes = sorted({n for r in runs for n in r.notes})
+    return [s for r in runs for s in r.samples], machine, notes
 
 
 def plot(profile: CostProfile, path: Path) -> None:
@@ -122,15 +150,113 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.3f}"
 
 
-def render(runs, profile: CostProfile, fig: Path, elapsed: float, args) -> str:
+def _provenance(m: dict, args) -> str:
+    run = "python experiments/bench_checkpoint.py"
+    if args.from_json is None:
+        took = m.get("elapsed_s", 0) / 60
+        return (
+            f"Regenerate with `{m.get('command', run)}` (this run took {took:.1f} min). Every "
+            f"number below was measured by that script in one run on {m['date_utc']}."
+        )
+    took = f", which took {m['elapsed_s'] / 60:.1f} min" if "elapsed_s" in m else ""
+    return (
+        f"Re-rendered by `{run} --from-json {args.from_json.as_posix()}` from the measurements "
+        f"stored there, taken on {m['date_utc']} by `{m.get('command', run)}`{took}; the disk was "
+        "not measured again. The fits, goal verdicts and figure are recomputed from those "
+        "samples; a fresh measurement is `" + run + "` (about 9 minutes of disk writes)."
+    )
+
+
+def _passes(samples: list[dict]) -> str:
+    """What was measured, read off the samples (so a re-rendered report cannot misstate it)."""
+    cells: dict[tuple, dict[str, int]] = {}
+    for x in samples:
+        runs = cells.setdefault((x["dtype"] != "fp32", x["params"], x["size"], x["dtype"]), {})
+        runs[x["format"]] = runs.get(x["format"], 0) + 1
+    out = []
+    for (_, _, size, dtype), runs in sorted(cells.items()):
+        reps = sorted(set(runs.values()))
+        fmts = "all 7 formats" if len(runs) == 7 else ", ".join(sorted(runs))
+        out.append(f"{size} {dtype}: {fmts} x {'/'.join(map(str, reps))}")
+    return "; ".join(out)
+
+
+def _goal_lines(result: BenchResult) -> list[str]:
+    lines = [
+        "A goal is **met** only when every measured size meets it with its whole 95 % interval "
+        "over repeats (Student's t on the per-repeat ratio, each repeat's format against the "
+        "raw write or synchronous save of the same repeat); **not met** when some size's mean "
+        "misses it; **not shown** otherwise (an interval straddles the goal, or a size ran "
+        "once and has no interval).",
+        "",
+    ]
+    for name, g in result.goals.items():
+        bound = f"≥ {g['goal_min']}" if "goal_min" in g else f"≤ {g['goal_max']}"
+        lines += [
+            f"- `{name}` (goal {bound}): **{g['verdict']}**.",
+            "",
+            "  | size | dtype | repeats | mean | 95 % interval |",
+            "  |---|---|---|---|---|",
+        ]
+        for p in g["per_size"]:
+            ci = "— (one repeat)" if p["n"] < 2 else f"{p['low']:.3f} to {p['high']:.3f}"
+            lines.append(f"  | {p['size']} | {p['dtype']} | {p['n']} | {p['mean']:.3f} | {ci} |")
+        lines.append("")
+    return lines
+
+
+def _residual_lines(profile: CostProfile) -> list[str]:
+    """Measured median against the fitted line, per format and size (the fit's residuals)."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in profile.samples:
+        groups.setdefault((s["format"], s["params"], s["dtype"]), []).append(s)
+    lines = [
+        "Measured (median over repeats) against fitted seconds, and the relative residual:",
+        "",
+        "| format | size | dtype | save measured | save fitted | Δ | load measured | load fitted "
+        "| Δ |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    worst: tuple[float, str] = (0.0, "")
+    for (fmt, _, dtype), rows in sorted(groups.items()):
+        fit = profile.fits.get(fmt)
+        if fit is None:
+            continue
+        nbytes = statistics.median(r["bytes"] for r in rows)
+        cells = []
+        for key, line in (("save_s", fit.save), ("load_s", fit.load)):
+            measured = statistics.median(r[key] for r in rows)
+            if line is None:
+                cells += [f"{measured:.3f}", "", ""]
+                continue
+            fitted = line.seconds(nbytes)
+            rel = measured / fitted - 1
+            cells += [f"{measured:.3f}", f"{fitted:.3f}", f"{100 * rel:+.0f} %"]
+            if abs(rel) > abs(worst[0]):
+                op = key.removesuffix("_s")
+                worst = (rel, f"{fmt} {op} at {rows[0]['size']} {dtype}: measured "
+                         f"{measured:.2f} s against {fitted:.2f} s fitted")  # fmt: skip
+        lines.append(f"| {fmt} | {rows[0]['size']} | {dtype} | " + " | ".join(cells) + " |")
+    if worst[1]:
+        lines += [
+            "",
+            f"Largest departure from a line: {worst[1]} ({100 * worst[0]:+.0f} %). Where one "
+            "size sits far off the line the others follow, the extrapolations below inherit "
+            "that uncertainty.",
+        ]
+    return lines
+
+
+def render(result: BenchResult, profile: CostProfile, fig: Path, args) -> str:
     m = profile.machine
-    sweep = runs[0]
+    head = max(
+        (r for r in result.results if r["format"] == "raw"),
+        key=lambda r: (r["params"], r["dtype"] == "fp32"),
+    )
     lines = [
         f"# Checkpoint cost on `{args.machine}`",
         "",
-        "Regenerate with `python experiments/bench_checkpoint.py"
-        f"{' --quick' if args.quick else ''}` (this run took {elapsed / 60:.1f} min). Every "
-        "number below was measured by that script in one run.",
+        _provenance(m, args),
         "",
         "## Machine",
         "",
@@ -162,62 +288,56 @@ def render(runs, profile: CostProfile, fig: Path, elapsed: float, args) -> str:
         "(ckptsim also verifies every CRC). `raw` = one sequential os.write + fsync of the "
         "same bytes and a read back. In each repeat, raw and the formats run in an order "
         "rotated by the repeat; medians over repeats. Ratios are to raw at the same size.",
-        "- Fit: per format, least squares of seconds on bytes (scipy.stats.linregress) over all "
-        "samples: latency = intercept, bandwidth = 1/slope. Profile with raw samples: "
+        f"- Measured (size dtype: formats x repeats): {_passes(profile.samples)}.",
+        "- Fit: per format, seconds = latency + bytes/bandwidth by bounded least squares "
+        "(`scipy.optimize.lsq_linear`, latency ≥ 0, bandwidth > 0) on relative residuals "
+        "(each sample weighted by 1/seconds: the noise here is multiplicative, and an "
+        "unweighted fit lets the largest size set the line alone). Profile with raw samples: "
         f"`reports/bench-{args.machine}.json`.",
         "",
         "## Results (median over repeats)",
         "",
-        f"Raw disk at the largest sweep size: write {_gb(sweep.raw_bytes_per_s)} GB/s, "
-        f"read {_gb(sweep.raw_read_bytes_per_s)} GB/s.",
+        f"Raw disk (the `raw` row at {head['size']} {head['dtype']}, the largest size): write "
+        f"{_gb(result.raw_bytes_per_s)} GB/s, read {_gb(result.raw_read_bytes_per_s)} GB/s.",
         "",
         "| size | dtype | format | GB | save s | GB/s | save vs raw | load s | load vs raw "
         "| stall s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for run in runs:
-        for r in run.results:
-            stall = r.get("stall_s_median")
-            lines.append(
-                f"| {r['size']} | {r['dtype']} | {r['format']} | {_gb(r['bytes'])} | "
-                f"{r['save_s_median']:.3f} | {_gb(r['bytes_per_s'])} | {r['ratio_to_raw']:.2f} "
-                f"| {r['load_s_median']:.3f} | {r['load_ratio_to_raw']:.2f} | "
-                f"{'' if stall is None else f'{stall:.3f}'} |"
-            )
-    lines += ["", "## Goals", ""]
-    goal_run = runs[1]
-    for name, g in goal_run.goals.items():
-        bound = f"≥ {g['goal_min']}" if "goal_min" in g else f"≤ {g['goal_max']}"
+    rows = sorted(result.results, key=lambda r: (r["dtype"] != "fp32", r["params"], r["format"]))
+    for r in rows:
+        stall = r.get("stall_s_median")
         lines.append(
-            f"- `{name}` at {g['size']} {g['dtype']}: **{g['value']:.3f}** (goal {bound}): "
-            f"{'met' if g['met'] else 'NOT met'}."
+            f"| {r['size']} | {r['dtype']} | {r['format']} | {_gb(r['bytes'])} | "
+            f"{r['save_s_median']:.3f} | {_gb(r['bytes_per_s'])} | {r['ratio_to_raw']:.2f} "
+            f"| {r['load_s_median']:.3f} | {r['load_ratio_to_raw']:.2f} | "
+            f"{'' if stall is None else f'{stall:.3f}'} |"
         )
-    cold = [r for r in goal_run.results if r["format"] == "ckptsim-async"]
-    sync = [r for r in goal_run.results if r["format"] == "ckptsim"]
-    if cold and sync:
-        ratio = cold[0]["stall_cold_s_median"] / sync[0]["save_s_median"]
-        lines.append(
-            f"- First save of a run (staging into freshly allocated memory): stall ratio "
-            f"{ratio:.3f}; later saves reuse the buffers (`stage(..., out=previous)`)."
-        )
-    for name, g in sweep.goals.items():
-        lines.append(f"- Sweep (largest {g['size']}): `{name}` = {g['value']:.3f}.")
-    if cold and sync:
-        a = cold[0]
-        copy_bw = a["bytes"] / a["stall_s_median"]
-        lines.append(
-            f"- The stall is a memory copy: {_gb(copy_bw)} GB/s here, against "
-            f"{_gb(sync[0]['bytes_per_s'])} GB/s for the synchronous save, so the ratio "
-            "cannot fall below their quotient on this machine whatever the size."
-        )
+    lines += ["", "## Goals", "", *_goal_lines(result)]
+
+    def largest(fmt: str) -> dict | None:
+        found = [r for r in result.results if r["format"] == fmt]
+        return max(found, key=lambda r: r["params"]) if found else None
+
+    cold, sync = largest("ckptsim-async"), largest("ckptsim")
+    if cold and sync and cold["params"] == sync["params"]:
+        ratio = cold["stall_cold_s_median"] / sync["save_s_median"]
+        copy_bw = cold["bytes"] / cold["stall_s_median"]
+        lines += [
+            f"- First save of a run at {cold['size']} (staging into freshly allocated memory): "
+            f"stall ratio {ratio:.3f}; later saves reuse the buffers "
+            "(`stage(..., out=previous)`).",
+            f"- The stall is a memory copy: {_gb(copy_bw)} GB/s here at {cold['size']}, against "
+            f"{_gb(sync['bytes_per_s'])} GB/s for the synchronous save, so the ratio cannot "
+            "fall below their quotient on this machine whatever the size.",
+        ]
     one_b = 1e9 * 12
-    est_min = 7 * (one_b / sweep.raw_bytes_per_s + one_b / sweep.raw_read_bytes_per_s) / 60
+    est_min = 7 * (one_b / result.raw_bytes_per_s + one_b / result.raw_read_bytes_per_s) / 60
     lines += [
-        "- 1B parameters (12 GB in fp32) was not run: at this run's raw bandwidths one repeat "
+        "- 1B parameters (12 GB in fp32) was not run: at the raw bandwidths above one repeat "
         f"of the seven jobs would take at least {est_min:.0f} minutes, and the async formats "
-        "need state + staged copy (24 GB) in 23 GiB of RAM. The goal ratios are measured at "
-        "the largest size that ran; the fits below extrapolate (async stall and sync save "
-        "both scale with bytes).",
+        "need state + staged copy (24 GB) in 23 GiB of RAM. The fits below extrapolate "
+        "(async stall and sync save both scale with bytes).",
         "- No GPU here: stage() copies host-to-host. The device-to-host staging into pinned "
         "memory is left to measure on a machine with a GPU.",
         "",
@@ -235,8 +355,9 @@ def render(runs, profile: CostProfile, fig: Path, elapsed: float, args) -> str:
             f"{'' if load is None else _gb(load.bytes_per_s)} | "
             f"{'' if stall is None else _gb(stall.bytes_per_s)} |"
         )
+    lines += ["", "R² is on seconds, so one far-off size lowers it a lot; the residuals:", ""]
+    lines += [*_residual_lines(profile), ""]
     lines += [
-        "",
         f"![save and load time against size]({fig})",
         "",
         "Extrapolated with `CostProfile.predict` (this disk's per-writer bandwidth; no "
@@ -257,9 +378,8 @@ def render(runs, profile: CostProfile, fig: Path, elapsed: float, args) -> str:
                 f"| {params / 1e9:.0f}B bf16 | {nodes}{capped} | {fmt} | {c.stall_s:.2f} | "
                 f"{c.write_s:.2f} | {c.restore_s:.2f} |"
             )
-    notes = [n for r in runs for n in r.notes]
-    if notes:
-        lines += ["", "Notes: " + "; ".join(sorted(set(notes))) + "."]
+    if result.notes:
+        lines += ["", "Notes: " + "; ".join(sorted(set(result.notes))) + "."]
     spread = _spread(profile)
     if spread:
         lines += ["", f"Repeat spread (max/min save time, same size and format): {spread}."]

@@ -5,7 +5,8 @@ with SIGKILL on a seeded failure clock, resumed from its checkpoints, once per c
 against the same kills — and writes ``reports/closed-loop.md`` with its figures under
 ``reports/figures/``. About 20 minutes on 2 otherwise idle cores (the report states how long
 it took and the machine's load); ``--quick`` is a few minutes; ``--reuse`` re-accounts the runs
-already in ``--workdir`` without running anything.
+already in ``--workdir`` without running anything; ``--render-only`` redraws the figures
+from the per-run data the report keeps in ``reports/data/<report>-runs.json``.
 
     python experiments/closed_loop.py [--quick] [--workdir DIR] [--out reports/closed-loop.md]
 """
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `experiments` and `simulator` importable
     sys.path.insert(0, str(REPO))
 
-from experiments.crashtest.report import summarise, write_report  # noqa: E402
+from experiments.crashtest.report import render_figures, summarise, write_report  # noqa: E402
 from experiments.crashtest.study import StudyConfig, run_study  # noqa: E402
 
 
@@ -54,7 +55,19 @@ def main(argv=None) -> int:
     p.add_argument(
         "--reuse", action="store_true", help="re-account the runs already in --workdir (no runs)"
     )
+    p.add_argument(
+        "--render-only",
+        action="store_true",
+        help="redraw the figures from reports/data/<report>-runs.json (no runs, no report)",
+    )
     args = p.parse_args(argv)
+    if args.render_only:
+        data = args.out.parent / "data" / f"{args.out.stem}-runs.json"
+        if not data.exists():
+            p.error(f"{data} not found: the figures' data are written by a full or --reuse run")
+        for path in render_figures(data, args.out.parent / "figures", args.out.stem):
+            print(f"wrote {path}")
+        return 0
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:
         workdir = args.workdir or Path(tmp)

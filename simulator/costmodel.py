@@ -1,10 +1,14 @@
 """Checkpoint cost model: time = latency + bytes / bandwidth, fitted to measured saves.
 
 ``ckptsim bench`` measures saves, restores and async stalls of real training state at several
-sizes; each (format, operation) gets an ordinary least-squares line of seconds against bytes
-(``scipy.stats.linregress``): the intercept is the fixed latency, the inverse slope the
-bandwidth, and the residuals are kept so a reader can see how straight the line was. A
-profile JSON holds the machine facts, the raw samples and the fits.
+sizes; each (format, operation) gets a line of seconds against bytes whose two parameters are
+both constrained non-negative (``scipy.optimize.lsq_linear`` with bounds): the intercept is the
+fixed latency, the inverse slope the bandwidth. The fit minimises *relative* residuals (each
+sample weighted by 1/seconds): timing noise on a shared disk is multiplicative (tens of per
+cent at every size), and an unweighted fit lets the largest size set the line alone, so that
+an unconstrained one came out with negative latencies and predicted small restores several
+times too slow. The residuals are kept so a reader can see how straight the line was. A profile
+JSON holds the machine facts, the raw samples and the fits.
 
 :meth:`CostProfile.predict` extrapolates to a model of P parameters sharded over N nodes that
 write in parallel: each node writes P·(bytes per parameter)/N bytes at the measured per-writer
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import optimize
 
 from simulator.errors import InputError
 
@@ -46,14 +50,16 @@ not saved (they are recomputed after a restart)."""
 
 @dataclass(frozen=True, kw_only=True)
 class LinearFit:
-    """seconds = latency_s + bytes / bytes_per_s, fitted by least squares."""
+    """seconds = latency_s + bytes / bytes_per_s, fitted by bounded relative least squares."""
 
     latency_s: float
-    """Intercept: fixed cost of one operation, seconds (may come out slightly negative)."""
+    """Intercept: fixed cost of one operation, seconds (never negative; profiles written before
+    the bounded fit may hold a negative one, which :meth:`seconds` treats as zero)."""
     bytes_per_s: float
     """Inverse slope: sustained bandwidth, bytes per second."""
     r2: float
-    """Coefficient of determination of the fit."""
+    """Coefficient of determination on seconds (1 - SS_res / SS_tot); can be low, even negative,
+    when one size departs from the line the others follow: read the residuals."""
     residuals_s: tuple[float, ...] = ()
     """Measured minus fitted seconds, one per sample, in sample order."""
     n: int = 0
@@ -66,24 +72,36 @@ class LinearFit:
 
 
 def fit_linear(nbytes, seconds) -> LinearFit:
-    """Fit seconds = latency + bytes/bandwidth; needs two or more distinct sizes."""
+    """Fit seconds = latency + bytes/bandwidth, latency >= 0 and bandwidth > 0.
+
+    Bounded least squares on relative residuals (see the module docstring); needs two or more
+    distinct sizes and positive times.
+    """
     x = np.asarray(nbytes, dtype=float)
     y = np.asarray(seconds, dtype=float)
     if x.shape != y.shape or x.size < 2 or np.unique(x).size < 2:
         raise InputError("a cost fit needs samples at two or more distinct sizes (bytes)")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(y >= 0)):
-        raise InputError("cost samples must be finite, non-negative seconds and bytes")
-    res = stats.linregress(x, y)
-    if not res.slope > 0:
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise InputError("cost samples must be finite, positive seconds and bytes")
+    scale = float(x.max())  # columns of similar magnitude keep the solver well conditioned
+    design = np.column_stack([np.ones_like(x), x / scale])
+    w = 1.0 / y
+    res = optimize.lsq_linear(
+        design * w[:, None], y * w, bounds=([0.0, 0.0], [np.inf, np.inf]), method="bvls"
+    )
+    latency, per_scale = (float(v) for v in res.x)
+    if not per_scale > 0:
         raise InputError(
-            f"fitted time does not grow with bytes (slope {res.slope:.3g} s/byte): "
+            f"fitted time does not grow with bytes (slope {per_scale / scale:.3g} s/byte): "
             "measure larger sizes"
         )
-    fitted = res.intercept + res.slope * x
+    fitted = design @ res.x
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    ss_res = float(np.sum((y - fitted) ** 2))
     return LinearFit(
-        latency_s=float(res.intercept),
-        bytes_per_s=float(1.0 / res.slope),
-        r2=float(res.rvalue**2),
+        latency_s=latency,
+        bytes_per_s=scale / per_scale,
+        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
         residuals_s=tuple(float(v) for v in y - fitted),
         n=int(x.size),
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator import analytic
+from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
 
 __all__ = [
@@ -84,7 +85,15 @@ def save(ax_or_fig, stem: str | Path, formats: Sequence[str] = ("png", "svg")) -
 
 
 def _hours_label(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.3g} h"
+    return format_duration(seconds)
+
+
+def _dollar_axis(axis) -> None:
+    """Ticks in $ with thousands separators (matplotlib would write 4.98e+07 and an offset)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(5))  # a label is ~11 characters wide: fewer ticks
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: format_usd(v)))
 
 
 def interval_curve(result: Mapping, scenario, *, metric: str = "waste", ax=None):
@@ -142,7 +151,9 @@ def interval_curve(result: Mapping, scenario, *, metric: str = "waste", ax=None)
             )
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (hours of compute)")
-    ax.set_ylabel("waste fraction" if metric == "waste" else "expected cost (USD)")
+    ax.set_ylabel("waste fraction" if metric == "waste" else "expected cost of the run")
+    if metric == "cost":
+        _dollar_axis(ax.yaxis)
     ax.set_title(f"{scenario.name}: {metric} against interval")
     ax.legend(fontsize=8)
     return ax
@@ -155,7 +166,8 @@ def optimum_vs_size(df, *, x: str = "gpus", y: str = "interval_s", by: str | Non
     for i, (label, d) in enumerate(groups):
         d = d.sort_values(x)
         yv = d[y].to_numpy(float) / 60.0
-        kw = dict(color=f"C{i}", marker="o", ms=4, label=str(label) if label is not None else y)
+        name = str(label) if label is not None else "simulated optimum (95 % CI)"
+        kw = dict(color=f"C{i}", marker="o", ms=4, label=name)
         if f"{y}_lo" in d and f"{y}_hi" in d:
             err = np.vstack([yv - d[f"{y}_lo"] / 60.0, d[f"{y}_hi"] / 60.0 - yv])
             ax.errorbar(d[x], yv, yerr=np.abs(err), capsize=2, **kw)
@@ -165,6 +177,11 @@ def optimum_vs_size(df, *, x: str = "gpus", y: str = "interval_s", by: str | Non
     ax.set_yscale("log")
     ax.set_xlabel("GPUs in the job")
     ax.set_ylabel("optimal interval (minutes)")
+    from matplotlib.ticker import FuncFormatter
+
+    # Plain minutes on the log axis (matplotlib writes 6×10¹ there by default).
+    for which in ("major", "minor"):
+        getattr(ax.yaxis, f"set_{which}_formatter")(FuncFormatter(lambda v, _p: f"{v:g}"))
     ax.legend(fontsize=8)
     return ax
 
@@ -191,10 +208,13 @@ def cost_distribution(costs: Mapping[str, np.ndarray], *, unit: str = "USD", ax=
     ax = _axes(ax)
     values = [np.asarray(v, dtype=float) for v in costs.values()]
     bins = np.histogram_bin_edges(np.concatenate(values), bins=30)
+    money = format_usd if unit == "USD" else (lambda x: f"{x:,.4g} {unit}")
     for i, (name, v) in enumerate(zip(costs, values, strict=True)):
-        ax.hist(v, bins=bins, alpha=0.45, color=f"C{i}", label=f"{name} (mean {v.mean():,.4g})")
+        ax.hist(v, bins=bins, alpha=0.45, color=f"C{i}", label=f"{name} (mean {money(v.mean())})")
         ax.axvline(v.mean(), color=f"C{i}", lw=1.5)
     ax.set_xlabel(f"cost of the run ({unit})")
+    if unit == "USD":
+        _dollar_axis(ax.xaxis)
     ax.set_ylabel("replicas")
     ax.legend(fontsize=8)
     return ax

@@ -20,7 +20,13 @@ from scipy import stats
 
 from simulator.errors import InputError
 
-__all__ = ["METRICS", "SimulationResult", "describe", "mean_ci"]
+__all__ = [
+    "METRICS",
+    "SimulationResult",
+    "describe",
+    "goal_verdict",
+    "mean_ci",
+]
 
 METRICS = (
     "wall_h",
@@ -54,6 +60,32 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
         return mean, math.nan, math.nan
     half = float(stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
     return mean, mean - half, mean + half
+
+
+def goal_verdict(intervals, *, at_least: float | None = None, at_most: float | None = None) -> str:
+    """'met', 'not met' or 'not shown' for a goal checked at every measured point.
+
+    ``intervals`` holds one ``(mean, low, high)`` per measured point (a size, a case, a
+    comparison), as :func:`mean_ci` returns it. The goal is the value ``>= at_least`` and/or
+    ``<= at_most``. Reports claim no more than the data show: *met* only when every point's
+    whole interval meets the goal; *not met* when some point's mean misses it; *not shown*
+    otherwise (an interval straddles the bound, or a point has one sample and so no interval).
+    The one place every report and ``ckptsim bench`` decide a verdict.
+    """
+    if at_least is None and at_most is None:
+        raise InputError("a goal needs at_least and/or at_most")
+    points = [tuple(float(v) for v in p) for p in intervals]
+    if not points:
+        return "not shown"
+
+    def ok(v: float) -> bool:
+        return (at_least is None or v >= at_least) and (at_most is None or v <= at_most)
+
+    if any(not math.isnan(m) and not ok(m) for m, _, _ in points):
+        return "not met"
+    if all(not (math.isnan(lo) or math.isnan(hi)) and ok(lo) and ok(hi) for _, lo, hi in points):
+        return "met"
+    return "not shown"
 
 
 def describe(values) -> dict[str, Any]:

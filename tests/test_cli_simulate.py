@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -76,7 +77,11 @@ def test_human_output_is_a_table_and_a_verdict(capsys):
     text = capsys.readouterr().out
     assert "wall time (h)" in text and "p99" in text and "cost (USD)" in text
     verdict = [line for line in text.splitlines() if line.startswith("verdict:")]
-    assert len(verdict) == 1 and "of wall time" in verdict[0] and "USD" in verdict[0]
+    assert len(verdict) == 1 and "of wall time" in verdict[0]
+    # Money as a reader writes it, in the table and the verdict alike: $6,910, not 6910 USD.
+    assert re.search(r", \$\d{1,3}(,\d{3})* per run\.$", verdict[0])
+    cost = next(line for line in text.splitlines() if line.startswith("cost (USD)"))
+    assert len(re.findall(r"\$\d{1,3}(?:,\d{3})*", cost)) == 6 and "e+" not in text
 
 
 @pytest.mark.parametrize(

@@ -150,6 +150,68 @@ def test_speed_adjustment_replaces_only_the_useful_compute_and_pairs_the_repeats
     assert (s["adj"]["vs_default"] < 0).all()
 
 
+def _study_with(overheads_by_repeat):
+    specs = {
+        "fast": {"kind": "fixed", "interval_s": 1.0},
+        "default": {"kind": "steps", "every": 500},
+        "adaptive": {"kind": "adaptive"},
+    }
+    rows = [
+        dict(label=k, repeat=r, wall_s=100.0 + o, useful_s=100.0, replay_s=100.0 + o,
+             own_s=100.0 + o, own_err=0.0, replay_err=0.0)
+        for r, overheads in enumerate(overheads_by_repeat) for k, o in overheads.items()
+    ]  # fmt: skip
+    pooled = MachineParams(step_s=0.1, save_s=0.1, restart_s=1.0, startup_s=1.0, mtbf_s=60.0)
+    expected = {k: dict(mean_s=110.0, sd_s=1.0, daly_s=math.nan) for k in specs}
+    return dict(rows=rows, specs=specs, steps=1000, pooled=pooled, expected=expected)
+
+
+def test_a_win_on_the_mean_only_is_reported_not_shown_never_met():
+    from experiments.crashtest.report import summarise, verdict
+
+    # Adaptive is faster than the default on average, but one repeat in three it is slower:
+    # the paired interval crosses zero, so the data do not show that it beats the default.
+    study = _study_with(
+        [dict(fast=10, default=20, adaptive=10), dict(fast=10, default=20, adaptive=9),
+         dict(fast=10, default=10, adaptive=13)]
+    )  # fmt: skip
+    s = summarise(study)
+    lines = verdict(s, s["df"])
+    beats = [x for x in lines if x.startswith("- Adaptive beats the default (measured")]
+    assert beats and "— not shown" in beats[0] and "— met" not in beats[0]
+    assert not any("met on the mean" in x for x in lines)
+
+
+def test_prediction_figure_draws_the_band_under_every_run_with_a_marker_per_policy(
+    tmp_path, monkeypatch
+):
+    import matplotlib.figure
+
+    from experiments.crashtest.report import plot, summarise
+
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda f, *a, **k: (saved.append(f), real(f, *a, **k))
+    )
+    # Every policy's runs sit exactly on the diagonal, inside the ±5 % band.
+    study = _study_with([dict(fast=10, default=10, adaptive=10)] * 2)
+    s = summarise(study)
+    paths = plot(study, s, tmp_path)
+    assert paths[0].exists() and paths[0].name == "closed-loop-prediction.png"
+    ax = saved[0].axes[0]
+    band = [
+        c
+        for c in ax.collections
+        if type(c).__name__ in ("PolyCollection", "FillBetweenPolyCollection")
+    ]
+    points = [c for c in ax.collections if type(c).__name__ == "PathCollection"]
+    assert band and len(points) == 2 * len(s["labels"])
+    assert all(p.get_zorder() > b.get_zorder() for p in points for b in band)
+    markers = {tuple(map(tuple, p.get_paths()[0].vertices.round(3))) for p in points}
+    assert len(markers) == len(s["labels"])  # filled and hollow of a policy share its marker
+
+
 def test_job_killed_twice_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
     import torch
 
@@ -213,3 +275,18 @@ def test_quick_study_writes_a_report_from_its_own_runs(tmp_path):
     assert "| adaptive (policy=None) |" in text and "Replay with each run's own measured" in text
     assert "| speed-adjusted |" in text
     assert (tmp_path / "figures" / "closed-loop-prediction.png").stat().st_size > 1000
+
+
+def test_render_only_redraws_the_figures_from_the_kept_per_run_data(tmp_path, capsys):
+    from experiments import closed_loop
+    from experiments.crashtest.report import save_figure_data, summarise
+
+    study = _study_with([dict(fast=10, default=12, adaptive=11)] * 2)
+    save_figure_data(study, summarise(study), tmp_path / "data" / "cl-runs.json")
+    assert closed_loop.main(["--render-only", "--out", str(tmp_path / "cl.md")]) == 0
+    figs = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figs == ["cl-policies.png", "cl-prediction.png"]
+    assert not (tmp_path / "cl.md").exists()  # the report's text is not rewritten
+    with pytest.raises(SystemExit):
+        closed_loop.main(["--render-only", "--out", str(tmp_path / "other.md")])
+    assert "other-runs.json not found" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import matplotlib
 
@@ -80,6 +81,26 @@ def test_size_and_cost_plots_draw_one_series_each(tmp_path):
     rng = np.random.default_rng(0)
     ax = plots.cost_distribution({"a": rng.normal(5, 1, 50), "b": rng.normal(6, 1, 50)})
     assert len(ax.get_lines()) == 2  # one mean line per policy
+
+
+def test_money_and_interval_legends_read_as_dollars_and_minutes(result):
+    # A run's cost is tens of millions: matplotlib alone writes 4.98e+07 and "1e7" offsets.
+    rng = np.random.default_rng(0)
+    costs = {"optimum": rng.normal(4.98e7, 2e5, 200), "hourly": rng.normal(5.39e7, 2e5, 200)}
+    ax = plots.cost_distribution(costs)
+    ax.figure.canvas.draw()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    mean = costs["optimum"].mean()
+    assert legend[0] == f"optimum (mean ${mean:,.0f})"
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks and all(re.fullmatch(r"\$\d{1,3}(,\d{3})*", t) for t in ticks)
+    assert ax.xaxis.get_offset_text().get_text() == ""
+    ax = plots.interval_curve(result, S, metric="cost")
+    ax.figure.canvas.draw()
+    assert all(t.get_text().startswith("$") for t in ax.get_yticklabels() if t.get_text())
+    sizes = pd.DataFrame({"gpus": [1024, 4096], "interval_s": [3000, 1500]})
+    legend = plots.optimum_vs_size(sizes).get_legend().get_texts()
+    assert "interval_s" not in " ".join(t.get_text() for t in legend)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json", "jsonl"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -94,3 +96,15 @@ def test_cli_sweep_bad_input_is_one_line_and_exit_2(argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "error" in err
+
+
+def test_cli_sweep_prints_intervals_in_minutes_and_costs_in_dollars(capsys):
+    job = "--gpus 1024 --mtbf-h 50000 --checkpoint-s 60 --restart-s 300 --work-h 24"
+    argv = ["sweep", *job.split(), "--usd-per-gpu-hour", "2", "--vary", "gpus=1024,4096"]
+    argv += ["--policies", "daly,fixed:3600", "--replicas", "5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "e+0" not in out
+    rows = [line.split() for line in out.splitlines()[1:] if "fixed" in line]
+    assert rows and all("1.00 h" in " ".join(r) for r in rows)
+    assert all(re.fullmatch(r"\$\d{1,3}(,\d{3})*", r[-1]) for r in rows)

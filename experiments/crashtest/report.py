@@ -11,9 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.results import mean_ci
+from simulator.results import goal_verdict, mean_ci
 
 __all__ = ["summarise", "write_report"]
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+"""One marker per policy in the prediction figure: colour alone must not tell series apart."""
 
 
 def summarise(study: dict) -> dict:
@@ -76,19 +79,30 @@ def plot(study: dict, s: dict, figdir: Path, stem: str = "closed-loop") -> list[
     figdir.mkdir(parents=True, exist_ok=True)
     df, labels = s["df"], s["labels"]
     fig, ax = plt.subplots(figsize=(5, 5))
-    for i, label in enumerate(labels):
-        d = df[df.label == label]
-        ax.scatter(d.wall_s, d.own_s, label=label, color=f"C{i}", s=25)
-        ax.scatter(d.wall_s, d.replay_s, facecolors="none", edgecolors=f"C{i}", s=25)
     lo = min(df.wall_s.min(), df.replay_s.min(), df.own_s.min()) * 0.95
     hi = max(df.wall_s.max(), df.replay_s.max(), df.own_s.max()) * 1.05
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    ax.fill_between([lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], color="0.9")
+    # The band and the diagonal go underneath (zorder), so no run is hidden behind them; each
+    # policy has its own marker, half-transparent, so runs that coincide still show.
+    ax.fill_between(
+        [lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], color="0.92", zorder=0,
+        label="±5 % of measured",
+    )  # fmt: skip
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, zorder=1)
+    for i, label in enumerate(labels):
+        d = df[df.label == label]
+        m = MARKERS[i % len(MARKERS)]
+        ax.scatter(
+            d.wall_s, d.own_s, label=label, color=f"C{i}", marker=m, s=30, alpha=0.75, zorder=3
+        )
+        ax.scatter(
+            d.wall_s, d.replay_s, facecolors="none", edgecolors=f"C{i}", marker=m, s=30,
+            zorder=3,
+        )  # fmt: skip
     ax.set(xlabel="measured wall time (s)", ylabel="simulator, same kills (s)", xlim=(lo, hi))
     ax.set_ylim(lo, hi)
     ax.legend(fontsize=6, loc="upper left")
     ax.set_title(
-        "Simulator replay vs measured run (band: ±5 %)\n"
+        "Simulator replay vs measured run (grey band: ±5 %)\n"
         "filled: the run's own parameters, hollow: pooled parameters",
         fontsize=8,
     )
@@ -127,12 +141,39 @@ def plot(study: dict, s: dict, figdir: Path, stem: str = "closed-loop") -> list[
     return [p1, p2]
 
 
+FIGURE_COLUMNS = ("label", "repeat", "wall_s", "own_s", "replay_s", "adj_s")
+
+
+def save_figure_data(study: dict, s: dict, path: Path) -> Path:
+    """What the figures draw, per run, so ``closed_loop.py --render-only`` can redraw them."""
+    import json
+
+    data = dict(
+        labels=s["labels"],
+        expected={k: study["expected"][k] for k in s["labels"]},
+        runs=s["df"][list(FIGURE_COLUMNS)].to_dict(orient="records"),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=float) + "\n", encoding="utf-8")
+    return path
+
+
+def render_figures(path: Path, figdir: Path, stem: str) -> list[Path]:
+    """Redraw the figures from :func:`save_figure_data`'s file, running nothing."""
+    import json
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    s = dict(df=pd.DataFrame(data["runs"]), labels=data["labels"])
+    return plot(dict(expected=data["expected"]), s, figdir, stem)
+
+
 def write_report(
     study: dict, out: Path, figdir: Path, *, command: str, elapsed_s: float | None
 ) -> Path:
     """Write the markdown report and its figures; ``elapsed_s`` None: runs were reused."""
     s = summarise(study)
     figs = plot(study, s, figdir, out.stem)
+    save_figure_data(study, s, out.parent / "data" / f"{out.stem}-runs.json")
     cfg, p0, p, df = study["cfg"], study["pilot"], study["pooled"], s["df"]
     clock = (
         "an exponential"
@@ -302,22 +343,24 @@ def write_report(
 
 
 def _judge_margin(diffs: pd.Series, limit: float) -> str:
-    """'met' / 'met on the mean' / 'not met' for 'adaptive is at most ``limit`` worse'."""
-    mean, _, hi = mean_ci(diffs)
-    if mean > limit:
-        return "not met"
-    if hi <= limit:
-        return "met (the whole 95 % interval)"
-    return "met on the mean, not on the whole 95 % interval"
+    """Verdict on 'adaptive is at most ``limit`` worse': met only on the whole interval."""
+    v = goal_verdict([mean_ci(diffs)], at_most=limit)
+    return "met (the whole 95 % interval)" if v == "met" else _why(v)
 
 
 def _judge_beats(diffs: pd.Series) -> str:
-    mean, _, hi = mean_ci(diffs)
-    if mean >= 0:
-        return "not met"
-    if hi < 0:
-        return "met (the whole 95 % interval below zero)"
-    return "met on the mean, not on the whole 95 % interval"
+    """Verdict on 'adaptive is faster': met only when the whole interval is below zero."""
+    mean, lo, hi = mean_ci(diffs)
+    v = goal_verdict([(mean, lo, hi)], at_most=0.0)
+    if v == "met" and hi == 0.0:  # an interval touching zero shows no gain
+        v = "not shown"
+    return "met (the whole 95 % interval below zero)" if v == "met" else _why(v)
+
+
+def _why(v: str) -> str:
+    if v == "not shown":
+        return "not shown (the mean meets it, the 95 % interval does not)"
+    return v
 
 
 def verdict(s: dict, df: pd.DataFrame) -> list[str]:

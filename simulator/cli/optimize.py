@@ -19,6 +19,8 @@ import textwrap
 from typing import Any
 
 from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.display import format_duration as fmt_duration
+from simulator.display import format_usd as fmt_usd
 from simulator.errors import InputError
 
 DESCRIPTION = """\
@@ -388,24 +390,8 @@ _FORMULA_KEYS = ("young", "daly_first_order", "daly", "optimal")
 
 
 # -- the human table ----------------------------------------------------------------------
-def fmt_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "inf"
-    if seconds < 120:
-        return f"{seconds:.3g} s"
-    if seconds < HOUR:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 100 * HOUR:
-        return f"{seconds / HOUR:.2f} h"
-    return f"{seconds / HOUR:,.0f} h"
-
-
 def fmt_percent(fraction: float) -> str:
     return f"{100 * fraction:.2f}%"
-
-
-def fmt_usd(usd: float) -> str:
-    return "inf" if not math.isfinite(usd) else f"${usd:,.0f}"
 
 
 def fmt_hours(hours: float) -> str:

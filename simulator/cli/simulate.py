@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
 
 POLICIES = ("young", "daly", "optimal", "adaptive")
@@ -134,13 +135,13 @@ ROWS = (
     ("waste (% of wall)", "waste_fraction", "{:.2%}"),
     ("failures", "failures", "{:,.1f}"),
     ("checkpoints", "checkpoints", "{:,.0f}"),
-    ("cost (USD)", "usd", "{:,.0f}"),
+    ("cost (USD)", "usd", format_usd),
 )
 
 
 def render(s: dict) -> str:
     """The human table and a one-line verdict."""
-    policy = f"every {s['interval_s']:,.0f} s" if s.get("interval_s") else s["policy"]
+    policy = f"every {format_duration(s['interval_s'])}" if s.get("interval_s") else s["policy"]
     head = (
         f"{s['scenario']}: {s['replicas']} replicas, seed {s['seed']}, policy {policy}, "
         f"job MTBF {s['mtbf_h']:.3g} h ({s['failure']}), work {s['work_h']:,.1f} h"
@@ -151,10 +152,11 @@ def render(s: dict) -> str:
     for label, key, fmt in ROWS:
         if f"{key}_mean" not in s:
             continue
+        show = fmt if callable(fmt) else fmt.format
         lo, hi = s[f"{key}_ci95"]
-        ci = f"{fmt.format(lo)} - {fmt.format(hi)}" if math.isfinite(lo) else "n/a"
-        cells = [fmt.format(s[f"{key}_mean"]), ci] + [
-            fmt.format(s[f"{key}_{p}"]) for p in ("p50", "p90", "p99")
+        ci = f"{show(lo)} - {show(hi)}" if math.isfinite(lo) else "n/a"
+        cells = [show(s[f"{key}_mean"]), ci] + [
+            show(s[f"{key}_{p}"]) for p in ("p50", "p90", "p99")
         ]
         lines.append(
             f"{label:24}{cells[0]:>14}{cells[1]:>27}" + "".join(f"{c:>14}" for c in cells[2:])
@@ -166,7 +168,7 @@ def render(s: dict) -> str:
         f"{s['waste_fraction_mean']:.1%} of wall time"
     )
     if "usd_mean" in s:
-        verdict += f", {s['usd_mean']:,.0f} USD per run"
+        verdict += f", {format_usd(s['usd_mean'])} per run"
     lines += ["", verdict + "."]
     if s.get("out"):
         lines.append(f"per-replica records: {s['out']}")

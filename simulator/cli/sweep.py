@@ -19,6 +19,7 @@ from simulator.cli.common import (
     require_work,
     scenario_from_args,
 )
+from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
 
 EPILOG = """\
@@ -123,5 +124,8 @@ def run(args) -> int:
         path = save_table(df, args.out)
         print(f"wrote {len(df)} rows ({len(df['point'].unique())} points) to {path}")
     cols = [*axes, "policy", "interval_s", "waste", "cost_usd"]
-    print(df[[c for c in cols if c in df]].to_string(index=False, float_format="%.4g"))
+    # Intervals and money as a reader writes them (18.6 min, $49,820,000), not 1116 / 4.98e+07.
+    shown = {"interval_s": format_duration, "cost_usd": format_usd}
+    table = df[[c for c in cols if c in df]]
+    print(table.to_string(index=False, float_format="%.4g", formatters=shown))
     return 0

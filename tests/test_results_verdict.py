@@ -1,0 +1,51 @@
+"""The one rule every report and ``ckptsim bench`` use to call a goal met."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.display import format_duration, format_usd
+from simulator.errors import InputError
+from simulator.results import goal_verdict, mean_ci
+
+
+def test_a_goal_is_met_only_when_every_points_whole_interval_meets_it():
+    tight = mean_ci([1.01, 1.02, 1.03])
+    assert goal_verdict([tight], at_least=0.9) == "met"
+    straddles = mean_ci([0.85, 1.0, 1.15])  # mean meets 0.9, the interval does not
+    assert goal_verdict([straddles], at_least=0.9) == "not shown"
+    assert goal_verdict([tight, straddles], at_least=0.9) == "not shown"
+
+
+def test_one_sample_shows_nothing_however_good_it_looks():
+    # The bench report once called the writer goal met from a single 500M repeat.
+    assert goal_verdict([mean_ci([1.29])], at_least=0.9) == "not shown"
+    assert goal_verdict([mean_ci([1.01, 1.02]), mean_ci([1.29])], at_least=0.9) == "not shown"
+
+
+def test_any_measured_point_whose_mean_misses_makes_it_not_met():
+    good = mean_ci([1.2, 1.25, 1.3])
+    assert goal_verdict([good, mean_ci([0.82, 0.84])], at_least=0.9) == "not met"
+    assert goal_verdict([mean_ci([0.2])], at_most=0.1) == "not met"
+    assert goal_verdict([mean_ci([1.5, 1.6, 1.7])], at_least=-2, at_most=2) == "met"
+    assert goal_verdict([mean_ci([1.5, 1.9, 2.3])], at_least=-2, at_most=2) == "not shown"
+    assert goal_verdict([mean_ci([2.1, 2.2, 2.3])], at_least=-2, at_most=2) == "not met"
+
+
+def test_no_points_or_no_bound_is_refused_or_not_shown():
+    assert goal_verdict([], at_least=0.9) == "not shown"
+    with pytest.raises(InputError, match="at_least and/or at_most"):
+        goal_verdict([mean_ci([1.0, 1.1])])
+
+
+def test_money_is_dollars_with_thousands_separators_never_scientific():
+    assert format_usd(4.982e7) == "$49,820,000"
+    assert format_usd(-3827.4) == "-$3,827"
+    assert format_usd(-0.2) == "$0"  # no "-$0"
+    assert format_usd(float("nan")) == "—" and format_usd(float("inf")) == "inf"
+
+
+def test_durations_are_in_the_unit_a_reader_thinks_in():
+    assert [format_duration(s) for s in (45, 1116, 5400, 7.2e6)] == [
+        "45 s", "18.6 min", "1.50 h", "2,000 h",
+    ]  # fmt: skip
