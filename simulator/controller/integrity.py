@@ -53,7 +53,7 @@ def write_manifest(root: Path) -> dict:
         for name in sorted(names):
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()
-            if rel == ckptio.MANIFEST or name.startswith(".rank-"):
+            if rel == ckptio.MANIFEST or name.startswith((".rank-", f".{ckptio.MANIFEST}.tmp-")):
                 continue
             ckptio.fsync_file(path)
             files[rel] = {"bytes": path.stat().st_size, "crc32": ckptio.file_crc32(path)}
@@ -65,10 +65,13 @@ def write_manifest(root: Path) -> dict:
         "files": files,
         "bytes": sum(f["bytes"] for f in files.values()),
     }
-    with open(root / ckptio.MANIFEST, "w", encoding="utf-8") as f:
+    # Written aside and renamed: a kill mid-write leaves no manifest rather than a torn one.
+    tmp = root / f".{ckptio.MANIFEST}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, root / ckptio.MANIFEST)
     ckptio.fsync_dir(root)
     return manifest
 
