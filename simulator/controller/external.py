@@ -52,12 +52,19 @@ class ExternalSaveSchedule:
         from simulator.controller.runlog import read_events
         from simulator.controller.schedule import Estimates
 
-        if step > 0 and self.backend.rank == 0:
-            for event in reversed(read_events(self.ckpt.runlog.path)):
-                est = event.get("estimates")
-                if event["event"] == "save" and isinstance(est, dict) and event["step"] <= step:
-                    self.schedule.seed(Estimates(**est))
-                    break
+        if step > 0:
+            seed = None
+            if self.backend.rank == 0:
+                for event in reversed(read_events(self.ckpt.runlog.path)):
+                    est = event.get("estimates")
+                    if event["event"] == "save" and isinstance(est, dict) and event["step"] <= step:
+                        seed = est
+                        break
+            # Every rank seeds alike (only rank 0 reads the log): a rank left probing would
+            # plan, and so broadcast, at steps where rank 0 does not.
+            seed = self.backend.broadcast(seed)
+            if seed is not None:
+                self.schedule.seed(Estimates(**seed))
         self.ckpt.resumed_from = step if step > 0 else None
         self.ckpt.runlog.append("restore", session_s=self._age_s(), step=int(step))
         return self._plan(int(step))
