@@ -190,6 +190,8 @@ def child_main(output_dir: str, kill_at_save: int, where: str, kill_rank: int) -
 
 def _launch(output_dir, *, ranks: int, kill_at_save: int = 0, where="rng", kill_rank=0):
     code = (
+        # A hang shows where it is: every thread's stack, then exit, before the timeout below.
+        "import faulthandler; faulthandler.dump_traceback_later(180, exit=True); "
         f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
         "from test_controller_hf import child_main; "
         f"child_main({str(output_dir)!r}, {kill_at_save}, {where!r}, {kill_rank})"

@@ -245,8 +245,11 @@ class AdaptiveSaveCallback(_TrainerCallback):
             )
         # Trainer's rotation runs before the marker and counts torn folders; ours replaces it.
         self._save_total_limit, args.save_total_limit = args.save_total_limit, None
+        options = dict(self._options)
+        if "preemption_signals" in inspect.signature(AdaptiveCheckpointer).parameters:
+            options["preemption_signals"] = ()  # [lifecycle] this callback handles the signals
         self.checkpointer = AdaptiveCheckpointer(
-            args.output_dir, model=model, backend=_backend(), **self._options
+            args.output_dir, model=model, backend=_backend(), **options
         )
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         self.schedule.start(state.global_step)
