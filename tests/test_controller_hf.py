@@ -1,14 +1,24 @@
-"""The Hugging Face callback: Trainer saves exactly at the adaptive schedule's steps.
+"""The Hugging Face callback: Trainer saves at the adaptive schedule's steps; each save verifies.
 
-A GPT-2 built from a tiny config (no downloads) trains on random tokens; a fake clock makes each
-step take one second, so FixedInterval(4 s) means one save every four steps once the probe has
-measured the iteration time. A spy callback after ours records ``control.should_save``.
+A GPT-2 built from a tiny config (no downloads, dropout on) trains on random tokens; a fake clock
+makes each step take one second, so FixedInterval(4 s) means one save every four steps once the
+probe has measured the iteration time, plus the last step. A spy callback after ours records
+``control.should_save``. The kill tests run Trainer in a child process (one, or two ranks under
+torchrun with gloo) that SIGKILLs itself inside Trainer's own checkpoint write, then resume with
+``resume_training`` and compare the final checkpoint with an uninterrupted run's, bit for bit.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,13 +26,23 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # A hard import: `make test` installs the hf extra, and CI must test the real library.
 import transformers
+from safetensors.torch import load_file
 
-from simulator.controller.hf import AdaptiveSaveCallback
+from simulator import ckptio
+from simulator.controller.hf import (
+    AdaptiveSaveCallback,
+    RunFinished,
+    latest_checkpoint,
+    resume_training,
+)
+from simulator.errors import InputError
 from simulator.policies import FixedInterval
 
 INTERVAL_S = 4.0
 PROBE_STEPS = 2
 MAX_STEPS = 12
+TESTS = Path(__file__).resolve().parent
+_STATE = "trainer_state.json"
 
 
 class FakeClock:
@@ -44,13 +64,37 @@ class Tick(transformers.TrainerCallback):
 
 
 class Spy(transformers.TrainerCallback):
-    """Records the save flag after every callback before it has had its say."""
+    """Records the save flag and the adaptive stats after every callback before it."""
 
-    def __init__(self):
+    def __init__(self, ours):
+        self.ours = ours
         self.flags: dict[int, bool] = {}
+        self.next_due: dict[int, int] = {}
 
     def on_step_end(self, args, state, control, **kwargs):
         self.flags[state.global_step] = bool(control.should_save)
+        self.next_due[state.global_step] = self.ours.stats["next_due_step"]
+
+
+class KillInSave(transformers.TrainerCallback):
+    """SIGKILLs this process at the n-th save's ``on_save``, before the callbacks after it."""
+
+    def __init__(self, nth: int):
+        self.nth, self.seen = nth, 0
+
+    def on_save(self, args, state, control, **kwargs):
+        self.seen += 1
+        if self.seen == self.nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAt(transformers.TrainerCallback):
+    def __init__(self, step: int, sig=signal.SIGTERM):
+        self.step, self.sig = step, sig
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.sig)
 
 
 def _dataset(n: int = 64, length: int = 16):
@@ -59,7 +103,7 @@ def _dataset(n: int = 64, length: int = 16):
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def _train(output_dir, resume=None, save_total_limit=None):
+def _trainer(output_dir, *, save_total_limit=None, save_strategy="no", before=(), max_steps=None):
     config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
@@ -67,30 +111,130 @@ def _train(output_dir, resume=None, save_total_limit=None):
     ours = AdaptiveSaveCallback(
         policy=FixedInterval(INTERVAL_S), clock=clock, probe_steps=PROBE_STEPS
     )
-    spy = Spy()
+    spy = Spy(ours)
     args = transformers.TrainingArguments(
         output_dir=str(output_dir),
-        max_steps=MAX_STEPS,
+        max_steps=max_steps or MAX_STEPS,
         per_device_train_batch_size=4,
         learning_rate=1e-3,
-        save_strategy="no",
+        save_strategy=save_strategy,
         save_total_limit=save_total_limit,
         logging_strategy="no",
         report_to=[],
         use_cpu=True,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=0,
     )
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=_dataset(), callbacks=[Tick(clock), ours, spy]
+        model=model,
+        args=args,
+        train_dataset=_dataset(),
+        callbacks=[Tick(clock), *before, ours, spy],
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.train(resume_from_checkpoint=resume)
     return trainer, ours, spy
 
 
+def _train(output_dir, resume=None, **kwargs):
+    trainer, ours, spy = _trainer(output_dir, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if resume == "latest":
+            resume_training(trainer)
+        else:
+            trainer.train(resume_from_checkpoint=resume)
+    return trainer, ours, spy
+
+
+def child_main(output_dir: str, kill_at_save: int, where: str, kill_rank: int) -> None:
+    """A training process (or torchrun rank) that SIGKILLs itself inside a Trainer save.
+
+    ``where``: "rng" dies in ``_save_rng_state`` (model and optimizer written, no RNG state nor
+    trainer_state.json); "state" leaves a truncated ``trainer_state.json``; "marker" dies after
+    Trainer's save and its rotation but before our marker. With ``kill_at_save`` 0 it trains to
+    the end, resuming from the newest complete checkpoint.
+    """
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    saves = [0]
+    before = ()
+
+    def dying(original, write_half=False):
+        def wrapper(self, path, *args, **kwargs):
+            saves[0] += 1
+            if saves[0] == kill_at_save and rank == kill_rank:
+                if write_half:
+                    text = json.dumps(self.__dict__, default=str)
+                    Path(path).write_text(text[: len(text) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, path, *args, **kwargs)
+
+        return wrapper
+
+    if where == "rng":
+        transformers.Trainer._save_rng_state = dying(transformers.Trainer._save_rng_state)
+    elif where == "state":
+        transformers.TrainerState.save_to_json = dying(
+            transformers.TrainerState.save_to_json, write_half=True
+        )
+    elif where == "marker" and rank == kill_rank:
+        before = (KillInSave(kill_at_save),)
+    trainer, ours, _ = _trainer(output_dir, before=before, save_total_limit=1)
+    resume_training(trainer)
+    print(json.dumps({"rank": rank, "saved": ours.saved_steps}), flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _launch(output_dir, *, ranks: int, kill_at_save: int = 0, where="rng", kill_rank=0):
+    code = (
+        # A hang shows where it is: every thread's stack, then exit, before the timeout below.
+        "import faulthandler; faulthandler.dump_traceback_later(180, exit=True); "
+        f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
+        "from test_controller_hf import child_main; "
+        f"child_main({str(output_dir)!r}, {kill_at_save}, {where!r}, {kill_rank})"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    if ranks == 1:
+        cmd = [sys.executable, "-c", code]
+    else:
+        script = Path(output_dir).parent / "child.py"
+        script.write_text(code + "\n")
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",  # a rendezvous on a port of its own choosing, no race for one
+            f"--nproc_per_node={ranks}",
+            str(script),
+        ]
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as exc:
+        tail = exc.stderr.decode(errors="replace")[-4000:] if exc.stderr else ""
+        pytest.fail(f"{' '.join(cmd)} hung; its stderr ends:\n{tail}")
+
+
+def _final_state(output_dir) -> dict[str, torch.Tensor]:
+    folder = Path(output_dir) / f"checkpoint-{MAX_STEPS}"
+    ckptio.verify_checkpoint(folder)
+    tensors = {f"model.{k}": v for k, v in load_file(folder / "model.safetensors").items()}
+    optim = torch.load(folder / "optimizer.pt", weights_only=True)
+    for pid, st in optim["state"].items():
+        for k, v in st.items():
+            tensors[f"optim.{pid}.{k}"] = torch.as_tensor(v)
+    return tensors
+
+
+def _assert_same(want: dict, got: dict) -> None:
+    assert want.keys() == got.keys()
+    differ = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not differ, f"{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}"
+
+
+# -- the schedule ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("hf")
@@ -100,40 +244,193 @@ def run(tmp_path_factory):
 def _expected_saves(first_step: int = 0) -> list[int]:
     every = round(INTERVAL_S / 1.0)
     start = PROBE_STEPS + every if first_step == 0 else first_step + every
-    return list(range(start, MAX_STEPS + 1, every))
+    due = list(range(start, MAX_STEPS + 1, every))
+    return due if due[-1] == MAX_STEPS else [*due, MAX_STEPS]  # and the last step
 
 
-def test_should_save_is_set_exactly_at_the_due_steps(run):
+def test_should_save_is_set_exactly_at_the_due_steps_and_the_last_step(run):
     _, _, ours, spy = run
     due = _expected_saves()
     assert spy.flags == {s: s in due for s in range(1, MAX_STEPS + 1)}
-    assert ours.requested_steps == due
+    assert ours.requested_steps == due[:-1]  # the last step's save is the final one
+
+
+def test_stats_name_the_next_due_step_after_every_step(run):
+    _, _, ours, spy = run
+    every = round(INTERVAL_S / 1.0)
+    # The step after the probe's end and after each save, the stats already name the next one.
+    planned = [PROBE_STEPS, *ours.saved_steps[:-1]]
+    assert {p + 1: spy.next_due[p + 1] for p in planned} == {p + 1: p + every for p in planned}
+    assert ours.stats["next_due_step"] == ours.schedule.next_due_step > MAX_STEPS
+    assert ours.stats["last_saved_step"] == MAX_STEPS
 
 
 def test_trainer_writes_a_checkpoint_at_each_due_step_and_reports_it(run):
     output_dir, _, ours, _ = run
-    written = sorted(
-        int(p.name.split("-")[1]) for p in output_dir.iterdir() if p.name.startswith("checkpoint-")
-    )
+    written = sorted(int(p.name.split("-")[1]) for p in output_dir.glob("checkpoint-*"))
     assert written == _expected_saves()
     assert ours.saved_steps == written
     assert ours.checkpointer.stats["saves"] == len(written)
 
 
+def test_every_checkpoint_folder_carries_a_marker_covering_all_its_files(run):
+    output_dir, *_ = run
+    for folder in output_dir.glob("checkpoint-*"):
+        ckptio.verify_checkpoint(folder)
+        listed = set(json.loads((folder / ckptio.MANIFEST).read_text())["files"])
+        on_disk = {p.name for p in folder.iterdir()} - {ckptio.MANIFEST}
+        assert listed == on_disk
+        assert {"model.safetensors", "optimizer.pt", "rng_state.pth", _STATE} <= listed
+
+
 def test_a_resumed_trainer_continues_the_schedule_from_its_step(run, tmp_path):
     output_dir, trainer, _, _ = run
     first = _expected_saves()[0]
-    resumed, ours, spy = _train(output_dir, resume=str(output_dir / f"checkpoint-{first}"))
+    copy = tmp_path / "out"
+    shutil.copytree(output_dir, copy)
+    resumed, ours, spy = _train(copy, resume=str(copy / f"checkpoint-{first}"))
     assert min(spy.flags) == first + 1  # Trainer resumed after the checkpoint's step
-    assert ours.requested_steps == _expected_saves(first_step=first)
+    assert ours.saved_steps == _expected_saves(first_step=first)
     for (name, want), got in zip(
         trainer.model.named_parameters(), resumed.model.parameters(), strict=True
     ):
         assert torch.equal(want, got), name
 
 
-def test_save_total_limit_keeps_only_the_newest_adaptive_checkpoints(tmp_path):
+def test_save_strategy_steps_is_refused_in_one_line(tmp_path):
+    with pytest.raises(InputError, match=r"save_strategy='steps'.*save_strategy='no'"):
+        _trainer(tmp_path, save_strategy="steps")
+
+
+# -- verifiable folders ------------------------------------------------------------------------
+def test_latest_checkpoint_skips_torn_and_damaged_folders_and_names_each(run, tmp_path):
+    output_dir, *_ = run
+    out = tmp_path / "out"
+    shutil.copytree(output_dir, out)
+    newest = out / f"checkpoint-{MAX_STEPS}"
+    torn = out / f"checkpoint-{MAX_STEPS + 4}"
+    shutil.copytree(newest, torn)
+    (torn / "trainer_state.json").unlink()  # what a kill during Trainer's save leaves
+    unmarked = out / f"checkpoint-{MAX_STEPS + 8}"
+    shutil.copytree(newest, unmarked)
+    (unmarked / ckptio.MANIFEST).unlink()
+    with open(newest / "model.safetensors", "r+b") as f:  # a flipped byte in the newest
+        f.seek(-3, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-3, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.warns(UserWarning) as caught:
+        got = latest_checkpoint(out)
+    assert got == str(out / f"checkpoint-{_expected_saves()[-2]}")
+    reasons = [str(w.message) for w in caught]
+    assert any(unmarked.name in r and "no completion marker" in r for r in reasons)
+    assert any(torn.name in r and "trainer_state.json" in r for r in reasons)
+    assert any(newest.name in r and "CRC-32" in r for r in reasons)
+
+
+def test_latest_checkpoint_rejects_a_folder_whose_name_and_step_disagree(run, tmp_path):
+    output_dir, *_ = run
+    out = tmp_path / "out"
+    shutil.copytree(output_dir, out)
+    first = _expected_saves()[0]
+    (out / f"checkpoint-{first}").rename(out / "checkpoint-99")
+    with pytest.warns(UserWarning, match=f"checkpoint-99: trainer_state.json holds step {first}"):
+        assert latest_checkpoint(out) == str(out / f"checkpoint-{MAX_STEPS}")
+
+
+def test_latest_checkpoint_is_none_for_an_empty_or_missing_directory(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+    assert latest_checkpoint(tmp_path / "absent") is None
+
+
+def test_save_total_limit_keeps_only_the_newest_complete_checkpoint(tmp_path):
+    torn = tmp_path / "checkpoint-5"
+    torn.mkdir(parents=True)
+    (torn / "model.safetensors").write_bytes(b"half")
     _, ours, _ = _train(tmp_path, save_total_limit=1)
-    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint-")]
-    assert left == [f"checkpoint-{ours.saved_steps[-1]}"]
+    left = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert left == [f"checkpoint-{MAX_STEPS}"]
     assert len(ours.saved_steps) > 1
+    assert latest_checkpoint(tmp_path) == str(tmp_path / f"checkpoint-{MAX_STEPS}")
+
+
+# -- the life cycle ----------------------------------------------------------------------------
+def test_a_finished_run_relaunched_returns_at_once_and_says_so(run, tmp_path, caplog):
+    output_dir, *_ = run
+    out = tmp_path / "out"
+    shutil.copytree(output_dir, out)
+    again, _, spy = _trainer(out)
+    with caplog.at_level(logging.INFO, logger="simulator.controller"):
+        assert resume_training(again) is None
+    assert f"finished at step {MAX_STEPS}: nothing to train" in caplog.text
+    assert spy.flags == {}  # not one step trained
+    # By hand, Trainer would train a 13th step; the callback refuses instead.
+    with pytest.raises(RunFinished, match="resume_training"):
+        again.train(resume_from_checkpoint=latest_checkpoint(out))
+    assert spy.flags == {}
+
+
+def test_a_preemption_signal_saves_the_step_and_stops_trainer(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    trainer, ours, spy = _train(tmp_path, before=(SignalAt(3),))
+    assert trainer.state.global_step == 3
+    assert ours.preempted and ours.saved_steps == [3]
+    assert latest_checkpoint(tmp_path) == str(tmp_path / "checkpoint-3")
+    events = [json.loads(line)["event"] for line in (tmp_path / "runlog.jsonl").open()]
+    assert "preempted" in events and events[-1] == "stop"
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+    _, resumed, spy = _train(tmp_path, resume="latest")
+    assert min(spy.flags) == 4 and resumed.saved_steps[-1] == MAX_STEPS
+
+
+# -- SIGKILL during a save, then resume ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference(run):
+    return _final_state(run[0])
+
+
+@pytest.mark.parametrize("where", ["rng", pytest.param("state", marks=pytest.mark.slow), "marker"])
+def test_a_kill_inside_a_trainer_save_resumes_to_the_uninterrupted_state(
+    where, reference, tmp_path
+):
+    out = tmp_path / "out"
+    killed = _launch(out, ranks=1, kill_at_save=2, where=where)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    second = out / f"checkpoint-{_expected_saves()[1]}"
+    assert second.is_dir() and not (second / ckptio.MANIFEST).exists()
+    with pytest.warns(UserWarning, match=f"skipping {second}"):
+        assert latest_checkpoint(out) == str(out / f"checkpoint-{_expected_saves()[0]}")
+    _, ours, _ = _train(out, resume="latest", save_total_limit=1)
+    assert ours.saved_steps == _expected_saves(first_step=_expected_saves()[0])
+    _assert_same(reference, _final_state(out))
+
+
+def _two_rank_kill_and_resume(tmp_path, where, kill_rank):
+    ref = _launch(tmp_path / "ref", ranks=2)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = tmp_path / "out"
+    killed = _launch(out, ranks=2, kill_at_save=2, where=where, kill_rank=kill_rank)
+    assert killed.returncode != 0
+    second = out / f"checkpoint-{_expected_saves()[1]}"
+    assert second.is_dir() and not (second / ckptio.MANIFEST).exists()
+    with pytest.warns(UserWarning, match=f"skipping {second}"):
+        assert latest_checkpoint(out) == str(out / f"checkpoint-{_expected_saves()[0]}")
+    resumed = _launch(out, ranks=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    saved = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith('{"rank"')]
+    assert [s["saved"] for s in saved] == [_expected_saves(first_step=_expected_saves()[0])] * 2
+    _assert_same(_final_state(tmp_path / "ref"), _final_state(out))
+    rng = {p.name for p in (out / f"checkpoint-{MAX_STEPS}").glob("rng_state_*.pth")}
+    assert rng == {"rng_state_0.pth", "rng_state_1.pth"}
+
+
+def test_two_ranks_killed_while_rank_one_writes_its_rng_state_resume_exactly(tmp_path):
+    # Rank 0 has written everything and waits for rank 1: only the barrier keeps its marker
+    # from vouching for a folder without rank 1's RNG state.
+    _two_rank_kill_and_resume(tmp_path, "rng", kill_rank=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["state", "marker"])
+def test_two_ranks_killed_in_rank_zeros_save_resume_exactly(tmp_path, where):
+    _two_rank_kill_and_resume(tmp_path, where, kill_rank=0)

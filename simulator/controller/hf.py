@@ -1,36 +1,147 @@
-"""Hugging Face integration: a TrainerCallback that asks Trainer to save when the policy says so.
+"""Hugging Face integration: Trainer saves when the adaptive schedule says, and each save verifies.
 
 Trainer already writes complete checkpoints in its own format (model, optimizer, scheduler,
 scaler, every process's RNG state, ``trainer_state.json`` with the step and the data position)
-and resumes from them with ``trainer.train(resume_from_checkpoint=True)``, so this callback
-only decides *when*: after each optimizer step it compares the step with the adaptive
-schedule's next due step (an int compare) and sets ``control.should_save``; Trainer then
-writes ``checkpoint-<step>/`` and calls ``on_save``, where the time since ``on_step_end`` is
-recorded as the save's cost — that includes any logging or evaluation Trainer ran at the same
-step, so keep evaluation off the save steps or accept a slightly pessimistic cost. Saves that
-Trainer makes on its own (an ``epoch`` or ``best`` save strategy) count as saves too: the
-interval restarts from them. A resumed Trainer continues the schedule from the estimates that
-the run log in ``output_dir`` holds for its checkpoint's step, without a new probe.
+and resumes from them, so :class:`AdaptiveSaveCallback` decides *when*: after each optimizer
+step it compares the step with the adaptive schedule's next due step (an int compare) and sets
+``control.should_save``; Trainer then writes ``checkpoint-<step>/`` and calls ``on_save``
+(``_save_checkpoint`` runs, rotation included, before ``on_save``). The time from
+``on_step_end`` to the end of ``on_save`` is the save's cost — it includes any logging or
+evaluation Trainer ran at the same step, so keep evaluation off the save steps or accept a
+slightly pessimistic cost. A resumed Trainer continues the schedule from the estimates that the
+run log in ``output_dir`` holds for its checkpoint's step, without a new probe.
 
-Use ``save_strategy="no"`` so the adaptive schedule is the only one (with ``"steps"`` Trainer
-also saves every ``save_steps``). Retention stays Trainer's: ``save_total_limit`` deletes the
-oldest ``checkpoint-*`` folders by step (keeping the best model's when
-``load_best_model_at_end``), which suits an adaptive interval; the controller's milestone
-checkpoints are not available here — copy a folder aside to keep it.
+What Trainer lacks is atomicity: it writes the files of ``checkpoint-<step>/`` one by one, so a
+kill during a save leaves a torn folder that ``resume_from_checkpoint=True`` picks anyway (and
+crashes on, or resumes without RNG state). So in ``on_save``, after every rank has written its
+files, rank 0 writes a completion marker into the folder: the ckptsim manifest
+(``manifest.json``: size and CRC-32 of every file, written to a temporary name, fsynced and
+renamed into place, see :func:`simulator.controller.integrity.write_manifest`).
+:func:`latest_checkpoint` returns the newest folder whose files match its manifest, warning
+about each newer one it skips and why. Resume with::
+
+    trainer = Trainer(..., args=TrainingArguments(..., save_strategy="no"),
+                      callbacks=[AdaptiveSaveCallback(mtbf_h=...)])
+    resume_training(trainer)   # = trainer.train(resume_from_checkpoint=latest_checkpoint(...))
+
+:func:`resume_training` also returns at once, saying so, when the newest complete checkpoint is
+the run's last step (a scheduler relaunching a finished job); Trainer itself would train one
+more step. The callback saves the last step when training ends (the run can be relaunched
+without retraining its tail) and, on a preemption signal (SIGTERM by default), saves at the next
+step end and stops Trainer with ``control.should_training_stop``.
+
+The adaptive interval is the only step-based schedule: ``save_strategy="steps"`` is refused
+(its saves would reset the adaptive interval, which then never asks for one). ``"epoch"`` and
+``"best"`` saves are fine and count as saves: the interval restarts from them.
+
+Retention: ``save_total_limit`` counts complete checkpoints only. Trainer's own rotation counts
+torn folders too and runs before the marker exists, so it could delete the last complete
+checkpoint; the callback therefore switches it off for the run (``args.save_total_limit`` is
+None while training, restored after) and, after each marker, keeps the newest
+``save_total_limit`` complete folders (and ``best_model_checkpoint``) and deletes older ones and
+torn folders older than the save just made. Without ``save_total_limit`` nothing is deleted.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
+import logging
+import os
+import re
+import shutil
+import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
-__all__ = ["AdaptiveSaveCallback"]
+from simulator import ckptio
+from simulator.errors import InputError
+
+__all__ = ["AdaptiveSaveCallback", "RunFinished", "latest_checkpoint", "resume_training"]
+
+log = logging.getLogger("simulator.controller")
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers.trainer_utils' own pattern
+_TRAINER_STATE = "trainer_state.json"
 
 try:  # transformers is optional: without it this module still imports, the callback does not.
     from transformers import TrainerCallback as _TrainerCallback
 except ImportError:  # pragma: no cover - exercised only where transformers is absent
     _TrainerCallback = object
+
+
+class RunFinished(InputError):
+    """Trainer was asked to resume a run that had already reached its last step."""
+
+
+def _folders(output_dir: Path) -> list[tuple[int, Path]]:
+    """``checkpoint-N`` entries of ``output_dir`` (symlinks included), newest step first."""
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for entry in output_dir.iterdir():
+        m = _CHECKPOINT.match(entry.name)
+        if m and (entry.is_dir() or entry.is_symlink()):
+            found.append((int(m.group(1)), entry))
+    return sorted(found, reverse=True)
+
+
+def _why_not(step: int, folder: Path) -> str | None:
+    """Why ``folder`` is no complete checkpoint of ``step`` (None: it is, CRCs checked)."""
+    if folder.is_symlink():
+        return "it is a symlink (never followed)"
+    if not (folder / ckptio.MANIFEST).is_file():
+        return (
+            f"no completion marker ({ckptio.MANIFEST}): the save was interrupted, or "
+            "AdaptiveSaveCallback did not write it"
+        )
+    try:
+        ckptio.verify_checkpoint(folder)
+        state = json.loads((folder / _TRAINER_STATE).read_bytes())
+        if state.get("global_step") != step:
+            return f"{_TRAINER_STATE} holds step {state.get('global_step')!r}, not {step}"
+    except ckptio.CorruptCheckpoint as exc:
+        return str(exc)
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"{_TRAINER_STATE} is unreadable: {exc}"
+    return None
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest complete ``checkpoint-N`` folder of ``output_dir`` (CRC-verified), or None.
+
+    Each newer folder that is skipped (torn, damaged, unmarked, a symlink) gets a warning naming
+    it and why. Pass the result to ``trainer.train(resume_from_checkpoint=...)``.
+    """
+    for step, folder in _folders(Path(output_dir)):
+        reason = _why_not(step, folder)
+        if reason is None:
+            return str(folder)
+        warnings.warn(f"skipping {folder}: {reason}", stacklevel=2)
+    return None
+
+
+def _finished_at(checkpoint: str, max_steps: int) -> int | None:
+    state = json.loads((Path(checkpoint) / _TRAINER_STATE).read_bytes())
+    target = max_steps if max_steps > 0 else int(state.get("max_steps") or 0)
+    step = int(state["global_step"])
+    return step if target > 0 and step >= target else None
+
+
+def resume_training(trainer, **train_kwargs):
+    """``trainer.train`` from the newest complete checkpoint; None at once if the run finished.
+
+    A fresh start when there is none (the warnings say what was skipped).
+    """
+    checkpoint = latest_checkpoint(trainer.args.output_dir)
+    if checkpoint is not None:
+        step = _finished_at(checkpoint, trainer.args.max_steps)
+        if step is not None:
+            log.info("the run in %s finished at step %d: nothing to train", checkpoint, step)
+            return None
+    return trainer.train(resume_from_checkpoint=checkpoint, **train_kwargs)
 
 
 def _backend():
@@ -45,13 +156,27 @@ def _backend():
     return LocalBackend()
 
 
+def _strategy(args) -> str:
+    return str(getattr(args.save_strategy, "value", args.save_strategy))
+
+
+def _refuse_steps(args) -> None:
+    if _strategy(args) == "steps":
+        raise InputError(
+            f"save_strategy='steps' (save_steps={args.save_steps}) fights the adaptive interval: "
+            "each of its saves restarts the interval, which then never comes due; use "
+            "save_strategy='no' (or 'epoch'/'best') with AdaptiveSaveCallback"
+        )
+
+
 class AdaptiveSaveCallback(_TrainerCallback):
     """Sets ``control.should_save`` at the steps the adaptive checkpoint interval picks.
 
     The arguments are those of ``AdaptiveCheckpointer``, whose schedule, run log (kept in
     ``args.output_dir``) and failure-rate posterior decide. Under torch.distributed, rank 0's
-    decision is broadcast at save time only, so every process sets ``should_save`` at the same
-    step and no collective runs on the other steps.
+    decision is broadcast at save time, so every process sets ``should_save`` at the same step;
+    with ``preemption_signals`` the ranks also agree each step (one small all-reduce) on whether
+    one of them was signalled. ``preemption_signals=()`` installs no handler.
     """
 
     def __init__(
@@ -63,6 +188,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
         restart_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         probe_steps: int = 20,
+        preemption_signals: Iterable[int] = (signal.SIGTERM,),
     ):
         if _TrainerCallback is object:
             raise ImportError("AdaptiveSaveCallback needs transformers (pip install 'ckptsim[hf]')")
@@ -75,6 +201,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
             clock=clock,
             probe_steps=probe_steps,
         )
+        self.preemption_signals = tuple(preemption_signals)
         self.checkpointer = None
         """The AdaptiveCheckpointer whose schedule decides (set when training begins)."""
         self.schedule = None
@@ -83,43 +210,175 @@ class AdaptiveSaveCallback(_TrainerCallback):
         self.saved_steps: list[int] = []
         """Steps at which Trainer reported a save (``on_save``)."""
         self.save_costs_s: list[float] = []
-        """Measured cost of each of those saves, seconds."""
+        """Measured cost of each of those saves (writing and marking), seconds."""
+        self.preempted = False
+        """A preemption signal arrived; the run saved and stopped."""
+        self._signalled = False
+        self._old_handlers: dict[int, object] = {}
         self._step_end_t: float | None = None
+        self._save_total_limit = None
+
+    @property
+    def stats(self) -> dict:
+        """The checkpointer's ``stats``, current after every step and save."""
+        return self.checkpointer.stats
+
+    def _sync_stats(self) -> None:
+        # The schedule plans outside AdaptiveCheckpointer.step, so its due step is copied back.
+        self.checkpointer._planned_due = self.schedule.next_due_step
+
+    # -- life cycle --------------------------------------------------------------------------
+    def on_init_end(self, args, state, control, **kwargs):
+        _refuse_steps(args)
+        return control
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         from simulator.controller.checkpointer import AdaptiveCheckpointer
         from simulator.controller.external import ExternalSaveSchedule
 
-        strategy = str(getattr(args.save_strategy, "value", args.save_strategy))
-        if strategy not in ("no", "best"):
-            warnings.warn(
-                f"save_strategy={strategy!r} saves on its own schedule as well as the adaptive "
-                "one; use save_strategy='no' to let the adaptive interval decide",
-                stacklevel=2,
+        _refuse_steps(args)  # the arguments may have been changed after Trainer was built
+        if state.global_step > 0 and state.global_step >= state.max_steps:
+            raise RunFinished(
+                f"the run in {args.output_dir} already finished at step {state.global_step} "
+                f"(max_steps={state.max_steps}); Trainer would train one more step: start it with "
+                "simulator.controller.hf.resume_training(trainer), which returns at once"
             )
+        # Trainer's rotation runs before the marker and counts torn folders; ours replaces it.
+        self._save_total_limit, args.save_total_limit = args.save_total_limit, None
+        options = dict(self._options)
+        if "preemption_signals" in inspect.signature(AdaptiveCheckpointer).parameters:
+            options["preemption_signals"] = ()  # [lifecycle] this callback handles the signals
         self.checkpointer = AdaptiveCheckpointer(
-            args.output_dir, model=model, backend=_backend(), **self._options
+            args.output_dir, model=model, backend=_backend(), **options
         )
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         self.schedule.start(state.global_step)
+        self._sync_stats()
+        self._install_signal_handlers()
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
         self._step_end_t = self.clock()
-        if self.schedule.is_due(state.global_step):
+        step = state.global_step
+        if self.schedule.is_due(step):
             control.should_save = True
-            self.requested_steps.append(state.global_step)
+            self.requested_steps.append(step)
+        self._sync_stats()
+        if self.preemption_signals and self._preemption_agreed():
+            self.preempted = True
+            control.should_save = True
+            control.should_training_stop = True
+            log.info("preemption signal: saving step %d and stopping", step)
+        if step >= state.max_steps and self.checkpointer.last_saved_step != step:
+            control.should_save = True  # the last step, so a relaunch has nothing to redo
+        if control.should_save:
+            self._drop_stale_marker(args, step)
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_save:  # an "epoch" save strategy
+            self._drop_stale_marker(args, state.global_step)
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        backend = self.checkpointer.backend
+        backend.barrier()  # every rank's files (its rng_state_<rank>.pth) are written
+        nbytes = 0
+        if backend.rank == 0:
+            from simulator.controller.integrity import write_manifest
+
+            nbytes = write_manifest(folder)["bytes"]
+            if self._save_total_limit:
+                self._rotate(Path(args.output_dir), state)
         now = self.clock()
         stall_s = 0.0 if self._step_end_t is None else max(now - self._step_end_t, 0.0)
         self.saved_steps.append(state.global_step)
         self.save_costs_s.append(stall_s)
-        self.schedule.record_save(state.global_step, stall_s=stall_s)
+        due = self.schedule.record_save(state.global_step, stall_s=stall_s)
+        self._sync_stats()
+        log.info(
+            "saved step %d (tier persistent, %d bytes, stall %.3f s); next due step %d",
+            state.global_step,
+            nbytes,
+            stall_s,
+            due,
+        )
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self._save_total_limit is not None:
+            args.save_total_limit = self._save_total_limit
+        self._restore_signal_handlers()
         if self.checkpointer is not None:
-            self.checkpointer.close()
+            finished = not self.preempted and state.global_step >= state.max_steps
+            if self.preempted:
+                self.checkpointer.runlog.append(
+                    "preempted",
+                    session_s=self.clock() - self.schedule._session_start,
+                    step=int(state.global_step),
+                )
+            # [lifecycle] close(finished=...) records "finished" in the run log; before that
+            # lands, close() takes no argument.
+            if "finished" in inspect.signature(self.checkpointer.close).parameters:
+                self.checkpointer.close(finished=finished)
+            else:
+                self.checkpointer.close()
         return control
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _drop_stale_marker(self, args, step: int) -> None:
+        # Trainer rewrites an existing checkpoint-<step> in place; until the new marker is
+        # written, an old one must not vouch for files that are being replaced.
+        if self.checkpointer.backend.rank == 0:
+            marker = Path(args.output_dir) / f"checkpoint-{step}" / ckptio.MANIFEST
+            if marker.is_file() and not marker.parent.is_symlink():
+                marker.unlink()
+
+    def _rotate(self, output_dir: Path, state) -> None:
+        """Keep the newest ``save_total_limit`` complete folders (and the best); delete the rest
+        that are older than the save just made. Torn folders do not count."""
+        best = state.best_model_checkpoint
+        best = Path(best).resolve() if best else None
+        kept = 0
+        for step, folder in _folders(output_dir):
+            if folder.is_symlink():
+                continue  # never delete through (or instead of) someone else's folder
+            complete = ckptio.is_complete(folder)  # sizes only: CRCs were checked at save
+            if complete and kept < self._save_total_limit:
+                kept += 1
+                continue
+            if best is not None and folder.resolve() == best:
+                continue
+            if step >= state.global_step:
+                continue  # newer torn folders are rewritten or deleted by later saves
+            log.info("deleting %s (save_total_limit=%d)", folder, self._save_total_limit)
+            # The marker first: a kill during rmtree leaves a folder that reads as torn.
+            (folder / ckptio.MANIFEST).unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum, frame):  # only a flag: the next step end saves and stops
+            self._signalled = True
+
+        try:
+            for sig in self.preemption_signals:
+                self._old_handlers[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: the run cannot be signalled this way
+            self.preemption_signals = ()
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()
+
+    def _preemption_agreed(self) -> bool:
+        backend = self.checkpointer.backend
+        if backend.world_size == 1:
+            return self._signalled
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(self._signalled)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=backend.group)
+        return bool(flag.item())

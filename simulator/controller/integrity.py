@@ -64,6 +64,9 @@ def write_manifest(root: Path) -> dict:
     rank's data file. A symlink or a non-regular file under ``root`` is a
     :class:`CheckpointWriteError`: no reader would accept the checkpoint.
     """
+    for stale in root.glob(f".{ckptio.MANIFEST}.tmp-*"):  # a seal a kill cut short
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink()
     try:
         found = ckptio.checkpoint_files(root)
     except CorruptCheckpoint as exc:
@@ -87,10 +90,13 @@ def write_manifest(root: Path) -> dict:
     if ckptio.DCP_METADATA in files:
         done = sum(1 for rel in found if rel.startswith(".rank-") and rel.endswith(".ok"))
         manifest["ranks"] = max(done, 1)
-    with open(root / ckptio.MANIFEST, "w", encoding="utf-8") as f:
+    # Written aside and renamed: a kill mid-write leaves no manifest rather than a torn one.
+    tmp = root / f".{ckptio.MANIFEST}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, root / ckptio.MANIFEST)
     ckptio.fsync_dir(root)
     return manifest
 
