@@ -139,3 +139,34 @@ def test_cells_only_the_des_models_are_refused_by_the_fast_engine_with_the_reaso
         engine.simulate(s, "optimal", replicas=2, seed=0, workers=1, progress=False).meta["engine"]
         == "des"
     )
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_with_a_job_level_lifetime_both_engines_replay_the_same_failures_replica_by_replica(
+    failure, policy
+):
+    # One stream rule and one stationary-start sampler: the same seed is the same history.
+    s = _scenario(None, failure)
+    runs = [
+        engine.simulate(
+            s, _policy(policy), replicas=12, seed=4, engine=e, workers=1, progress=False
+        )
+        for e in ("des", "fast")
+    ]
+    des, fast = (r.records for r in runs)
+    for key in ("wall_h", "lost_h", "checkpoint_h", "failures", "checkpoints"):
+        np.testing.assert_allclose(fast[key], des[key], rtol=1e-9, atol=1e-9, err_msg=key)
+
+
+@pytest.mark.parametrize("failure", FAILURES[1:])
+def test_every_gpu_starts_at_the_same_stationary_age_in_both_engines(failure):
+    from simulator import fastmc
+    from simulator.des import failure_source_for
+    from simulator.streams import replica_seeds, replica_streams
+
+    s = _scenario(16, failure)
+    seeds = replica_seeds(8, 5)
+    first_fast = fastmc.draw_failure_times(s, seeds, 2e6, "per_gpu")[:, 0]
+    first_des = [failure_source_for(s, *replica_streams(ss)[:2]).next_failure_s() for ss in seeds]
+    np.testing.assert_allclose(first_fast, first_des, rtol=1e-12)
