@@ -4,6 +4,8 @@ Where ``ckptsim optimize`` gives the closed-form mean for exponential failures, 
 job itself — per-GPU lifetimes (exponential, Weibull, lognormal), failures during saves and
 recoveries, spare nodes and repairs, asynchronous saves — many times, and reports the
 distribution of wall time, lost work, overheads and cost: mean, 95% CI, p50/p90/p99.
+Which engine runs it (``--engine``) is ``simulator.engine``'s rule; this module only parses
+and renders.
 """
 
 from __future__ import annotations
