@@ -23,6 +23,12 @@ Failure processes:
   As in the DES, ``scenario.component_age`` says whether parts start at equilibrium age
   (``stationary``: the long-run rate the scenario's MTBF describes) or all new at t = 0.
 
+Replica ``i`` draws its failures from the DES's failure stream of that replica
+(``simulator.streams``) with the DES's stationary-start sampler
+(``failure_source.stationary_residual``): with a job-level lifetime both engines replay the
+same failure history; per GPU, each GPU's first failure is the same and later ones differ
+only in draw order (the same distribution).
+
 Policies see ``age_s`` = time since the last failure when an epoch starts (0 at the first
 start, R after each restart), and otherwise what ``PolicyContext.from_scenario`` gives (the DES
 calls it too), its component model the process above.
