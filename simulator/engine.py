@@ -31,7 +31,7 @@ def fast_refusal(scenario: Scenario) -> str | None:
     """Why the fast engine cannot run ``scenario`` (None when it can)."""
     extra = fastmc.unmodelled_fields(scenario)
     if extra:
-        return "the fast engine does not model " + ", ".join(extra) + "; use --engine des"
+        return "the fast engine does not model " + ", ".join(extra) + "; use the DES (--engine des)"
     if not scenario.has_mtbf:
         return "the fast engine needs a failure rate (mtbf_h, or gpus and gpu_mtbf_h)"
     return None
