@@ -85,7 +85,9 @@ class ComponentFailures:
     def _new_life(self) -> float:
         if not self._fresh:
             # Drawing lifetimes in batches keeps numpy's per-call overhead off each failure.
-            self._fresh = np.asarray(self.lifetime.sample(self.rng, _BATCH), float).tolist()
+            # Reversed so pop() hands them out in draw order: a job-level lifetime then draws
+            # exactly the gaps simulator.fastmc draws from the same stream (same history).
+            self._fresh = np.asarray(self.lifetime.sample(self.rng, _BATCH), float)[::-1].tolist()
         return self._fresh.pop()
 
     def next_failure_s(self) -> float:

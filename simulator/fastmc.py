@@ -23,6 +23,12 @@ Failure processes:
   As in the DES, ``scenario.component_age`` says whether parts start at equilibrium age
   (``stationary``: the long-run rate the scenario's MTBF describes) or all new at t = 0.
 
+Replica ``i`` draws its failures from the DES's failure stream of that replica
+(``simulator.streams``) with the DES's stationary-start sampler
+(``failure_source.stationary_residual``): with a job-level lifetime both engines replay the
+same failure history; per GPU, each GPU's first failure is the same and later ones differ
+only in draw order (the same distribution).
+
 Policies see ``age_s`` = time since the last failure when an epoch starts (0 at the first
 start, R after each restart), and otherwise what ``PolicyContext.from_scenario`` gives (the DES
 calls it too), its component model the process above.
@@ -42,9 +48,11 @@ import numpy as np
 
 from simulator import analytic
 from simulator.errors import InputError
-from simulator.failures import Exponential, Lifetime, LogNormal, Weibull
+from simulator.failure_source import stationary_residual
+from simulator.failures import Exponential, Lifetime
 from simulator.policies import Policy, PolicyContext
 from simulator.scenario import Scenario
+from simulator.streams import GPU, replica_seeds, replica_streams
 
 __all__ = [
     "FIELDS",
@@ -54,6 +62,7 @@ __all__ = [
     "replica_seeds",
     "resolve_process",
     "simulate_policies",
+    "unmodelled_fields",
 ]
 
 FIELDS = (
@@ -96,8 +105,9 @@ _MODELLED = {
 }
 
 
-def fast_supported(scenario: Scenario) -> bool:
-    """True when every scenario field outside the plain model is at its default."""
+def unmodelled_fields(scenario: Scenario) -> list[str]:
+    """The scenario's fields set away from their defaults that this engine does not model."""
+    out = []
     for f in dataclasses.fields(scenario):
         if f.name in _MODELLED:
             continue
@@ -105,8 +115,13 @@ def fast_supported(scenario: Scenario) -> bool:
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
         if getattr(scenario, f.name) != default:
-            return False
-    return True
+            out.append(f.name)
+    return out
+
+
+def fast_supported(scenario: Scenario) -> bool:
+    """True when every scenario field outside the plain model is at its default."""
+    return not unmodelled_fields(scenario)
 
 
 def resolve_process(scenario: Scenario, process: str = "auto") -> str:
@@ -120,38 +135,13 @@ def resolve_process(scenario: Scenario, process: str = "auto") -> str:
     return process
 
 
-def replica_seeds(seed, replicas: int) -> list[np.random.SeedSequence]:
-    """Children 0..replicas-1 of ``seed`` (an int or a SeedSequence), as ``spawn`` numbers them.
-
-    Derived from the spawn key rather than by ``spawn()``, whose counter would give a
-    different answer the second time the same SeedSequence object is used.
-    """
-    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    return [
-        np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, i)) for i in range(replicas)
-    ]
-
-
 def _first_failures(life: Lifetime, rng: np.random.Generator, n: int, stationary: bool):
     """Time to each component's first failure: new parts, or parts of equilibrium age.
 
-    In equilibrium the residual life is U·L̃ with U uniform and L̃ the length-biased lifetime
-    (density t·f(t)/mean), so the superposition fails at its long-run rate n/mean from t = 0
-    — the rate the scenario's MTBF states — instead of a burst of infant mortality.
+    The equilibrium draw is the DES's own (``failure_source.stationary_residual``), so the
+    superposition fails at its long-run rate n/mean from t = 0 in both engines.
     """
-    if not stationary:
-        return life.sample(rng, n)
-    if isinstance(life, Exponential):
-        return life.sample(rng, n)
-    if isinstance(life, Weibull):  # (L̃/λ)^k ~ Gamma(1 + 1/k)
-        biased = life.scale * rng.gamma(1.0 + 1.0 / life.shape, 1.0, n) ** (1.0 / life.shape)
-    elif isinstance(life, LogNormal):  # length-biasing shifts log-mean by σ²
-        biased = rng.lognormal(np.log(life.scale) + life.sigma**2, life.sigma, n)
-    else:
-        raise InputError(
-            f"no equilibrium start for {life.family} lifetimes; set component_age = 'new'"
-        )
-    return rng.random(n) * biased
+    return stationary_residual(life, rng, n) if stationary else life.sample(rng, n)
 
 
 def draw_failure_times(
@@ -164,7 +154,7 @@ def draw_failure_times(
     """Failure times (s) of each replica up to ``horizon_s``: shape (replicas, K), inf-padded."""
     rows = []
     for ss in seeds:
-        rng = np.random.default_rng(ss)
+        rng = replica_streams(ss)[GPU]  # the DES's failure stream of this replica
         if process == "system" or isinstance(scenario.gpu_lifetime(), Exponential):
             # One renewal process; n exponential components merge into one at rate n/mean.
             life = scenario.system_lifetime()
@@ -194,10 +184,7 @@ def draw_failure_times(
 def _trace_matrix(times, seeds) -> np.ndarray:
     rows = []
     for ss in seeds:
-        # The same stream the DES hands a trace callable: child 0 of the replica's seed.
-        rng = np.random.default_rng(
-            np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, 0))
-        )
+        rng = replica_streams(ss)[GPU]  # the stream the DES hands a trace callable
         t = np.sort(np.asarray(times(rng) if callable(times) else times, dtype=float))
         rows.append(t[np.isfinite(t) & (t >= 0)])
     k = max((r.size for r in rows), default=0)

@@ -1,7 +1,7 @@
 """Monte-Carlo replicas of the discrete-event model, reproducible from one seed.
 
-Replica ``i`` draws from the ``i``-th child of ``numpy.random.SeedSequence(seed)`` (what
-``SeedSequence.spawn`` would give), so the answer is the same on one core or many, and
+Replica ``i`` draws from the streams ``simulator.streams`` derives from the seed (the rule
+the fast engine follows too), so the answer is the same on one core or many, and
 with any chunking of replicas across worker processes. Inside a replica, GPU failures, node
 failures and everything else (repair times) draw from separate child streams: the failure
 times of replica ``i`` do not depend on the policy, so two policies compared with the same
@@ -23,6 +23,7 @@ from simulator.errors import InputError
 from simulator.policies import Policy, make_policy
 from simulator.results import SimulationResult
 from simulator.scenario import Scenario
+from simulator.streams import replica_seed, replica_streams
 from simulator.trace import TraceFailures
 
 __all__ = ["replica_seed", "run_replica", "simulate"]
@@ -31,29 +32,6 @@ HOUR = 3600.0
 
 FailureTimes = Sequence[float] | np.ndarray | Callable[[np.random.Generator], np.ndarray]
 """A trace for every replica: sorted timestamps (s), or a function of the replica's rng."""
-
-
-def replica_seed(seed: int | None, index: int) -> np.random.SeedSequence:
-    """The seed of replica ``index``: the same child ``SeedSequence(seed).spawn`` yields."""
-    root = np.random.SeedSequence(seed)
-    return np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, int(index)))
-
-
-def _streams(rng_or_seed) -> tuple[np.random.Generator, ...]:
-    """Three independent generators: GPU failures, node failures, everything else."""
-    if isinstance(rng_or_seed, np.random.Generator):
-        return tuple(rng_or_seed.spawn(3))
-    if isinstance(rng_or_seed, np.random.SeedSequence):
-        ss = rng_or_seed
-    elif isinstance(rng_or_seed, int | np.integer) and not isinstance(rng_or_seed, bool):
-        ss = np.random.SeedSequence(int(rng_or_seed))
-    else:
-        raise InputError(
-            f"rng_or_seed must be a Generator, SeedSequence or int, got {rng_or_seed!r}"
-        )
-    # Derived without spawn()'s counter, so the same SeedSequence always gives the same streams.
-    children = [np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, k)) for k in range(3)]
-    return tuple(np.random.default_rng(c) for c in children)
 
 
 def _as_policy(policy: Policy | str) -> Policy:
@@ -68,7 +46,7 @@ def run_replica(
     failure_times: FailureTimes | None = None,
 ) -> dict:
     """Simulate one job to completion; the record (hours, counts, US dollars) as a dict."""
-    gpu_rng, node_rng, other_rng = _streams(rng_or_seed)
+    gpu_rng, node_rng, other_rng = replica_streams(rng_or_seed)
     if failure_times is None:
         source = failure_source_for(scenario, gpu_rng, node_rng)
     else:
@@ -168,3 +146,6 @@ def simulate(
         seed=seed,
         meta=meta,
     )
+
+
+_streams = replica_streams  # the name tests and benchmarks import

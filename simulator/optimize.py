@@ -89,11 +89,9 @@ def _objective_name(scenario: Scenario, objective: str) -> str:
 
 
 def _engine(scenario: Scenario, engine: str) -> str:
-    if engine not in ("auto", "fast", "des"):
-        raise InputError(f"engine must be auto, fast or des, got {engine!r}")
-    if engine == "auto":
-        return "fast" if fastmc.fast_supported(scenario) else "des"
-    return engine
+    from simulator.engine import choose_engine
+
+    return choose_engine(scenario, engine)
 
 
 def _des_replica(scenario: Scenario, policy: Policy, seed, failure_times=None) -> dict:

@@ -104,3 +104,30 @@ def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and fragment in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "engine"),
+    [
+        ([], "fast"),  # auto, plain model: the fast engine applies
+        (["--engine", "des"], "des"),
+        (["--engine", "fast"], "fast"),
+        (["--spares", "2", "--repair-h", "24"], "des"),  # auto: spares need the DES
+    ],
+)
+def test_json_says_which_engine_ran(capsys, argv, engine):
+    assert run_json(capsys, *JOB, *argv)["engine"] == engine
+
+
+def test_the_human_output_names_the_engine(capsys):
+    assert main(["simulate", *JOB, "--engine", "des"]) == 0
+    assert "6 replicas on the des engine" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_asking_for_the_fast_engine_where_it_does_not_apply_is_one_line_and_status_2(capsys):
+    code = main(["simulate", *JOB, "--spares", "2", "--repair-h", "24", "--engine", "fast"])
+    assert code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1
+    assert "does not model spares" in err and "--engine des" in err

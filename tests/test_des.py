@@ -148,7 +148,9 @@ def check_daly(tau_s, mtbf_s, delta_s, restart_s, *, segments, replicas, seed):
     )
     expected_h = analytic.daly_wall_time(tau_s, delta_s, mtbf_s, restart_s, work_s) / HOUR
     lo, hi = result.summary()["wall_h_ci95"]
-    assert lo <= expected_h <= hi
+    # Within 4 standard errors, not inside the 95% CI: that misses 1 seed in 20 by design.
+    wall = result.records["wall_h"]
+    assert abs(wall.mean() - expected_h) < 4 * wall.std(ddof=1) / math.sqrt(wall.size)
     return (hi - lo) / expected_h
 
 

@@ -1,0 +1,124 @@
+"""Which engine runs a simulation, and one entry point that runs either.
+
+Both engines implement one model: the discrete-event simulator (``simulator.des``, run by
+``simulator.montecarlo``) is the reference and covers every scenario field; the vectorised
+engine (``simulator.fastmc``) covers the plain case — blocking saves, unlimited spares, no
+node failures or storage caps — orders of magnitude faster. ``auto`` picks the fast engine
+wherever it applies; asking for it where it does not is a user's mistake, refused with the
+reason. Both draw a replica's failures from the same stream (``simulator.streams``) with the
+same stationary-start sampler, so their means agree within Monte-Carlo error (the engine
+agreement tests check this over every failure family, policy and trace replay).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simulator import fastmc
+from simulator.errors import InputError
+from simulator.policies import Policy, make_policy
+from simulator.results import SimulationResult
+from simulator.scenario import Scenario
+
+__all__ = ["ENGINES", "choose_engine", "fast_refusal", "simulate"]
+
+ENGINES = ("auto", "des", "fast")
+HOUR = 3600.0
+
+
+def fast_refusal(scenario: Scenario) -> str | None:
+    """Why the fast engine cannot run ``scenario`` (None when it can)."""
+    extra = fastmc.unmodelled_fields(scenario)
+    if extra:
+        return "the fast engine does not model " + ", ".join(extra) + "; use the DES (--engine des)"
+    if not scenario.has_mtbf:
+        return "the fast engine needs a failure rate (mtbf_h, or gpus and gpu_mtbf_h)"
+    return None
+
+
+def choose_engine(scenario: Scenario, engine: str = "auto") -> str:
+    """``des`` or ``fast``: the fast engine where it applies under ``auto``, else the DES."""
+    if engine not in ENGINES:
+        raise InputError(f"engine must be auto, des or fast, got {engine!r}")
+    why = fast_refusal(scenario)
+    if engine == "fast" and why is not None:
+        raise InputError(why)
+    if engine == "auto":
+        return "des" if why is not None else "fast"
+    return engine
+
+
+def _fast_records(scenario: Scenario, res: fastmc.FastResult) -> pd.DataFrame:
+    a = {k: v[0] for k, v in res.arrays.items()}
+    rec = pd.DataFrame(
+        {
+            "wall_h": a["wall_s"] / HOUR,
+            "useful_h": a["useful_s"] / HOUR,
+            "lost_h": a["lost_s"] / HOUR,
+            "checkpoint_h": a["checkpoint_s"] / HOUR,
+            "recovery_h": a["recovery_s"] / HOUR,
+            "spare_wait_h": 0.0,  # unlimited spares: nobody waits
+            "waste_fraction": 1.0 - a["useful_s"] / a["wall_s"],
+            "failures": a["failures"].astype(np.int64),
+            "checkpoints": a["checkpoints"].astype(np.int64),
+        }
+    )
+    if scenario.usd_per_gpu_hour is not None and scenario.gpus is not None:
+        rec["usd"] = a["cost_usd"]
+    return rec
+
+
+def simulate(
+    scenario: Scenario,
+    policy: Policy | str,
+    *,
+    replicas: int,
+    seed: int | None,
+    engine: str = "auto",
+    workers: int | None = None,
+    progress: bool = True,
+    failure_times=None,
+) -> SimulationResult:
+    """``replicas`` replicas on the chosen engine; ``meta["engine"]`` says which ran."""
+    which = choose_engine(scenario, engine)
+    if which == "des":
+        from simulator import montecarlo  # SimPy: imported only when the DES runs
+
+        result = montecarlo.simulate(
+            scenario,
+            policy,
+            replicas=replicas,
+            seed=seed,
+            workers=workers,
+            progress=progress,
+            failure_times=failure_times,
+        )
+        result.meta["engine"] = "des"
+        return result
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise InputError(f"replicas must be a positive whole number, got {replicas!r}")
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**63))
+    policy = make_policy(policy) if isinstance(policy, str) else policy
+    res = fastmc.simulate_policies(
+        scenario, [policy], replicas=replicas, seed=seed, failure_times=failure_times
+    )
+    records = _fast_records(scenario, res)
+    records.insert(0, "replica", np.arange(replicas))
+    meta = {
+        "gpus": scenario.gpus,
+        "work_h": scenario.work_h,
+        "mtbf_h": scenario.system_mtbf_s / HOUR,
+        "failure": scenario.failure if failure_times is None else "trace",
+        "checkpoint_stall_s": scenario.save_stall_s,
+        "recovery_s": scenario.recovery_s,
+        "engine": "fast",
+    }
+    return SimulationResult(
+        records=records,
+        scenario_name=scenario.name,
+        policy_name=getattr(policy, "name", type(policy).__name__),
+        seed=seed,
+        meta=meta,
+    )

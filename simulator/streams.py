@@ -1,0 +1,61 @@
+"""Random streams of a simulation, derived from one seed: the one rule both engines follow.
+
+Replica ``i`` of a run seeded ``seed`` uses the ``i``-th child of ``SeedSequence(seed)``
+(what ``SeedSequence.spawn`` would give, derived from the spawn key so that asking twice
+gives the same answer). Inside a replica, child 0 drives GPU (or job) failures and traces,
+child 1 node failures, child 2 everything else (repair times). Because the failure stream
+does not depend on the policy or on the engine, policies compared under one seed face the
+same failure stream (common random numbers) in either engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.errors import InputError
+
+__all__ = ["GPU", "NODE", "OTHER", "replica_seed", "replica_seeds", "replica_streams"]
+
+GPU, NODE, OTHER = 0, 1, 2
+"""Indices of a replica's child streams."""
+
+
+def _child(ss: np.random.SeedSequence, index: int) -> np.random.SeedSequence:
+    # Not ss.spawn(): its counter would give a different child the second time it is asked.
+    return np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, int(index)))
+
+
+def _as_seed_sequence(seed) -> np.random.SeedSequence:
+    if isinstance(seed, np.random.SeedSequence):
+        return seed
+    if seed is None or (isinstance(seed, int | np.integer) and not isinstance(seed, bool)):
+        return np.random.SeedSequence(None if seed is None else int(seed))
+    raise InputError(f"a seed must be a whole number or a SeedSequence, got {seed!r}")
+
+
+def replica_seed(seed, index: int) -> np.random.SeedSequence:
+    """The seed of replica ``index``: the same child ``SeedSequence(seed).spawn`` yields."""
+    return _child(_as_seed_sequence(seed), index)
+
+
+def replica_seeds(seed, replicas: int) -> list[np.random.SeedSequence]:
+    """Seeds of replicas 0..replicas-1 (see ``replica_seed``)."""
+    ss = _as_seed_sequence(seed)
+    return [_child(ss, i) for i in range(replicas)]
+
+
+def replica_streams(rng_or_seed) -> tuple[np.random.Generator, ...]:
+    """A replica's three generators (GPU failures, node failures, everything else).
+
+    Given a Generator (a caller's own stream), its three spawned children instead.
+    """
+    if isinstance(rng_or_seed, np.random.Generator):
+        return tuple(rng_or_seed.spawn(3))
+    if isinstance(rng_or_seed, bool) or not isinstance(
+        rng_or_seed, np.random.SeedSequence | int | np.integer
+    ):
+        raise InputError(
+            f"rng_or_seed must be a Generator, SeedSequence or int, got {rng_or_seed!r}"
+        )
+    ss = _as_seed_sequence(rng_or_seed)
+    return tuple(np.random.default_rng(_child(ss, k)) for k in (GPU, NODE, OTHER))
