@@ -105,44 +105,67 @@ class ClusterJob:
 
     # -- the job ------------------------------------------------------------------------
     def _job(self):
+        # The compute segment and the save are inlined here (not ``yield from`` helpers): one
+        # generator frame per job instead of three per cycle, which is most of the DES's cost
+        # per event. ``phase`` says which timed wait an interrupt cut short, so the time spent
+        # in it lands in its bucket exactly as the phase would have booked it.
+        env, timeout, t, n = self.env, self.env.timeout, self.t, self.n
+        policy, ctx_fields, work_s = self.policy, self._ctx, self.work_s
         while True:
+            phase = None
             try:
                 if self.recovering:
                     yield from self._recover()
-                if self.done_s >= self.work_s:
+                if self.done_s >= work_s:
                     yield from self._await_writer()
                     return
                 # Age = time since the last failure (0 at the start): the hazard-since-renewal
                 # view that age-aware policies (and simulator.fastmc) use.
-                ctx = PolicyContext(**self._ctx, age_s=self.env.now - self.last_failure_s)
-                interval_s = float(self.policy.next_interval_s(ctx))
+                ctx = PolicyContext(**ctx_fields, age_s=env.now - self.last_failure_s)
+                interval_s = float(policy.next_interval_s(ctx))
                 if not (math.isfinite(interval_s) and interval_s > 0):
                     hint = "" if self.scenario.has_mtbf else " (it needs mtbf_h or gpu_mtbf_h)"
                     raise InputError(
                         f"policy {self.policy.name!r} gave interval {interval_s!r} s{hint}"
                     )
-                yield from self._compute(interval_s)
-                yield from self._save()
+                # Compute. A remainder within rounding of the interval (work_h · 3600 is rarely
+                # exact) is done in this segment, not left as a sliver that costs one more save.
+                left = work_s - self.done_s
+                segment = left if left <= interval_s * (1.0 + 1e-9) else interval_s
+                start = env.now
+                n["events"] += 1
+                phase = "compute"
+                yield timeout(segment)
+                t["compute"] += segment
+                # Landing exactly on work_s: now − start can differ from segment in the last bit.
+                self.done_s = work_s if segment >= left else self.done_s + segment
+                # Save.
+                n["events"] += 1
+                if not self.async_save:
+                    start = env.now
+                    phase = "stall"
+                    yield timeout(self.write_s)
+                    t["checkpoint"] += env.now - start
+                    phase = None
+                    self._commit(self.done_s)
+                    continue
+                # The previous background write must finish before this save starts.
+                phase = None
+                yield from self._await_writer()
+                start = env.now
+                phase = "stall"
+                yield timeout(self.stall_s)
+                t["checkpoint"] += env.now - start
+                phase = None
+                self.writer = env.process(self._background_write(self.done_s))
             except simpy.Interrupt:
+                if phase == "compute":
+                    elapsed = env.now - start
+                    t["compute"] += elapsed
+                    self.done_s += elapsed
+                elif phase == "stall":
+                    t["checkpoint"] += env.now - start
                 self._on_failure()
-
-    def _compute(self, interval_s: float):
-        left = self.work_s - self.done_s
-        # A remainder within rounding of the interval (work_h · 3600 is rarely exact) is
-        # done in this segment, not left as a sliver that would cost one more save.
-        segment = left if left <= interval_s * (1.0 + 1e-9) else interval_s
-        start = self.env.now
-        self.n["events"] += 1
-        try:
-            yield self.env.timeout(segment)
-        except simpy.Interrupt:
-            elapsed = self.env.now - start
-            self.t["compute"] += elapsed
-            self.done_s += elapsed
-            raise
-        self.t["compute"] += segment
-        # Landing exactly on work_s: now − start can differ from segment in the last bit.
-        self.done_s = self.work_s if segment >= left else self.done_s + segment
 
     def _stall(self, event):
         start = self.env.now
@@ -154,17 +177,6 @@ class ClusterJob:
     def _await_writer(self):
         if self.writer is not None and self.writer.is_alive:
             yield from self._stall(self.writer)
-
-    def _save(self):
-        self.n["events"] += 1
-        if not self.async_save:
-            yield from self._stall(self.env.timeout(self.write_s))
-            self._commit(self.done_s)
-            return
-        # The previous background write must finish before this save starts.
-        yield from self._await_writer()
-        yield from self._stall(self.env.timeout(self.stall_s))
-        self.writer = self.env.process(self._background_write(self.done_s))
 
     def _background_write(self, snapshot_s: float):
         try:
