@@ -43,9 +43,10 @@ from experiments._report import Report
 from simulator.des import ClusterJob, failure_source_for
 from simulator.failure_source import stationary_residual
 from simulator.fastmc import simulate_policies
-from simulator.montecarlo import _streams, replica_seed
+from simulator.montecarlo import replica_seed
 from simulator.policies import ExactOptimal, PolicyContext
 from simulator.scenario import load_scenario
+from simulator.streams import replica_streams
 
 LLAMA = load_scenario("llama3").with_overrides(failure="weibull:shape=0.7")
 JOB_MTBF_H = LLAMA.system_mtbf_s / 3600.0
@@ -108,7 +109,7 @@ def run_peer(scenario, replicas: int, rep: int, per_gpu: bool = False) -> tuple[
     per = 1 if per_gpu else scenario.gpus_per_node
     start, events = time.perf_counter(), 0
     for i in range(replicas):
-        events += peer_replica(scenario, _streams(replica_seed(rep, i))[0], per)
+        events += peer_replica(scenario, replica_streams(replica_seed(rep, i))[0], per)
     return time.perf_counter() - start, events
 
 
@@ -119,7 +120,7 @@ def run_per_gpu(scenario, replicas: int, rep: int) -> tuple[float, int]:
 def run_des(scenario, replicas: int, rep: int) -> tuple[float, int]:
     start, events = time.perf_counter(), 0
     for i in range(replicas):
-        gpu_rng, node_rng, other = _streams(replica_seed(rep, i))
+        gpu_rng, node_rng, other = replica_streams(replica_seed(rep, i))
         source = failure_source_for(scenario, gpu_rng, node_rng)
         r = ClusterJob(scenario, ExactOptimal(), source, other).run()
         events += r["events"] + r["failures"]

@@ -18,8 +18,9 @@ import pandas as pd
 from simulator import fastmc
 from simulator.errors import InputError
 from simulator.policies import Policy, make_policy
-from simulator.results import SimulationResult
+from simulator.results import SimulationResult, check_replicas
 from simulator.scenario import Scenario
+from simulator.streams import run_seed
 
 __all__ = ["ENGINES", "choose_engine", "fast_refusal", "simulate"]
 
@@ -94,31 +95,18 @@ def simulate(
             progress=progress,
             failure_times=failure_times,
         )
-        result.meta["engine"] = "des"
         return result
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise InputError(f"replicas must be a positive whole number, got {replicas!r}")
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy % (2**63))
+    replicas = check_replicas(replicas)
+    seed = run_seed(seed)
     policy = make_policy(policy) if isinstance(policy, str) else policy
     res = fastmc.simulate_policies(
         scenario, [policy], replicas=replicas, seed=seed, failure_times=failure_times
     )
-    records = _fast_records(scenario, res)
-    records.insert(0, "replica", np.arange(replicas))
-    meta = {
-        "gpus": scenario.gpus,
-        "work_h": scenario.work_h,
-        "mtbf_h": scenario.system_mtbf_s / HOUR,
-        "failure": scenario.failure if failure_times is None else "trace",
-        "checkpoint_stall_s": scenario.save_stall_s,
-        "recovery_s": scenario.recovery_s,
-        "engine": "fast",
-    }
-    return SimulationResult(
-        records=records,
-        scenario_name=scenario.name,
-        policy_name=getattr(policy, "name", type(policy).__name__),
+    return SimulationResult.of_run(
+        _fast_records(scenario, res),
+        scenario=scenario,
+        policy=policy,
         seed=seed,
-        meta=meta,
+        trace=failure_times is not None,
+        engine="fast",
     )

@@ -21,9 +21,9 @@ import pandas as pd
 from simulator.des import ClusterJob, failure_source_for
 from simulator.errors import InputError
 from simulator.policies import Policy, make_policy
-from simulator.results import SimulationResult
+from simulator.results import SimulationResult, check_replicas
 from simulator.scenario import Scenario
-from simulator.streams import replica_seed, replica_streams
+from simulator.streams import replica_seed, replica_streams, run_seed
 from simulator.trace import TraceFailures
 
 __all__ = ["replica_seed", "run_replica", "simulate"]
@@ -100,10 +100,8 @@ def simulate(
     gets each replica's failure stream (e.g. to pick a random subset of a real cluster) and
     must be picklable when ``workers`` > 1.
     """
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise InputError(f"replicas must be a positive whole number, got {replicas!r}")
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy % (2**63))
+    replicas = check_replicas(replicas)
+    seed = run_seed(seed)
     policy = _as_policy(policy)
     workers = min(os.cpu_count() or 1, replicas) if workers is None else int(workers)
     if workers < 1:
@@ -130,22 +128,11 @@ def simulate(
                     rows.update(done)
                     bar.update(len(done))
     records = pd.DataFrame([rows[i] for i in range(replicas)])
-    records.insert(0, "replica", np.arange(replicas))
-    meta = {
-        "gpus": scenario.gpus,
-        "work_h": scenario.work_h,
-        "mtbf_h": scenario.system_mtbf_s / HOUR if scenario.has_mtbf else None,
-        "failure": scenario.failure if failure_times is None else "trace",
-        "checkpoint_stall_s": scenario.save_stall_s,
-        "recovery_s": scenario.recovery_s,
-    }
-    return SimulationResult(
-        records=records,
-        scenario_name=scenario.name,
-        policy_name=getattr(policy, "name", type(policy).__name__),
+    return SimulationResult.of_run(
+        records,
+        scenario=scenario,
+        policy=policy,
         seed=seed,
-        meta=meta,
+        trace=failure_times is not None,
+        engine="des",
     )
-
-
-_streams = replica_streams  # the name tests and benchmarks import

@@ -105,6 +105,13 @@ def describe(values) -> dict[str, Any]:
     }
 
 
+def check_replicas(replicas: object) -> int:
+    """``replicas`` as a run's replica count, or a one-line InputError."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise InputError(f"replicas must be a positive whole number, got {replicas!r}")
+    return replicas
+
+
 @dataclass(frozen=True)
 class SimulationResult:
     """The replicas of one (scenario, policy) simulation."""
@@ -116,6 +123,30 @@ class SimulationResult:
     seed: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     """Inputs worth echoing in a report (GPUs, MTBF, interval...)."""
+
+    @classmethod
+    def of_run(
+        cls, records: pd.DataFrame, *, scenario, policy, seed: int, trace: bool, engine: str
+    ) -> SimulationResult:
+        """The result of one engine's replicas (``records`` in replica order), with the
+        inputs every engine echoes: one schema whichever engine ran."""
+        records.insert(0, "replica", np.arange(len(records)))
+        meta = {
+            "gpus": scenario.gpus,
+            "work_h": scenario.work_h,
+            "mtbf_h": scenario.system_mtbf_s / 3600.0 if scenario.has_mtbf else None,
+            "failure": "trace" if trace else scenario.failure,
+            "checkpoint_stall_s": scenario.save_stall_s,
+            "recovery_s": scenario.recovery_s,
+            "engine": engine,
+        }
+        return cls(
+            records=records,
+            scenario_name=scenario.name,
+            policy_name=getattr(policy, "name", type(policy).__name__),
+            seed=seed,
+            meta=meta,
+        )
 
     @property
     def replicas(self) -> int:

@@ -14,7 +14,15 @@ import numpy as np
 
 from simulator.errors import InputError
 
-__all__ = ["GPU", "NODE", "OTHER", "replica_seed", "replica_seeds", "replica_streams"]
+__all__ = [
+    "GPU",
+    "NODE",
+    "OTHER",
+    "replica_seed",
+    "replica_seeds",
+    "replica_streams",
+    "run_seed",
+]
 
 GPU, NODE, OTHER = 0, 1, 2
 """Indices of a replica's child streams."""
@@ -59,3 +67,9 @@ def replica_streams(rng_or_seed) -> tuple[np.random.Generator, ...]:
         )
     ss = _as_seed_sequence(rng_or_seed)
     return tuple(np.random.default_rng(_child(ss, k)) for k in (GPU, NODE, OTHER))
+
+
+def run_seed(seed: int | None) -> int:
+    """The seed a run records: ``seed``, or fresh entropy when None (so the run can be
+    repeated from what it reports)."""
+    return int(np.random.SeedSequence().entropy % (2**63)) if seed is None else seed

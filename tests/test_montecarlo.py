@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from simulator.errors import InputError
-from simulator.montecarlo import _streams, replica_seed, run_replica, simulate
+from simulator.montecarlo import replica_seed, run_replica, simulate
 from simulator.policies import FixedInterval
 from simulator.scenario import Scenario
+from simulator.streams import replica_streams
 
 HOUR = 3600.0
 
@@ -117,7 +118,7 @@ def test_a_trace_picker_gets_each_replicas_failure_stream():
         scenario, "optimal", replicas=6, seed=3, workers=2, progress=False, failure_times=picker
     )
     for i, row in result.records.iterrows():
-        gpu_rng = _streams(replica_seed(3, i))[0]
+        gpu_rng = replica_streams(replica_seed(3, i))[0]
         times = picker(gpu_rng)
         assert row["failures"] == np.count_nonzero(times < row["wall_h"] * HOUR)
 
@@ -136,6 +137,6 @@ def test_titan_failures_replay_on_a_random_subset_of_its_gpus():
         scenario, "optimal", replicas=4, seed=1, workers=1, progress=False, failure_times=picker
     )
     for i, row in result.records.iterrows():
-        times = picker(_streams(replica_seed(1, i))[0])
+        times = picker(replica_streams(replica_seed(1, i))[0])
         assert row["failures"] == np.count_nonzero(times < row["wall_h"] * HOUR)
     assert result.records["failures"].sum() > 0
