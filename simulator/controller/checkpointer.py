@@ -534,10 +534,7 @@ class AdaptiveCheckpointer:
             self.runlog.append(
                 "refused", session_s=self.clock() - self._session_start, reason=str(exc)
             )
-            self._closed = True  # no "stop": the launch ended before training
-            atexit.unregister(self._exit_hook)
-            self._restore_signal_handlers()
-            self._lock.release()
+            self._end_session()  # no "stop": the launch ended before training
             raise
         now = self.clock()
         self._mark_step, self._mark_t = step, now
@@ -584,11 +581,10 @@ class AdaptiveCheckpointer:
     def _reject(self, name: str, why: str, reason: str) -> None:
         if self.backend.rank != 0:
             return
-        line = reject(self.storage, name, why, reason, move=self._lock.held)
-        warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
-        self._note_rejected(name, line)
+        self._note_rejected(name, reject(self.storage, name, why, reason, move=self._lock.held))
 
     def _note_rejected(self, name: str, line: str) -> None:
+        warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=5)
         self._rejected[name] = line
         if self.storage.exists(name) or self.storage.is_symlink(name):
             self._rejected_in_place.add(name)
@@ -630,7 +626,6 @@ class AdaptiveCheckpointer:
             ignore=self.ignore_config_keys,
         )
         for name, line in rejected.items():
-            warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=4)
             self._note_rejected(name, line)
         if choice is not None:
             return choice
@@ -737,20 +732,26 @@ class AdaptiveCheckpointer:
                     )
                     logger.info("run finished at step %d", self._saved_step)
         finally:
-            self._closed = True
-            atexit.unregister(self._exit_hook)
-            self._restore_signal_handlers()
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
             if clean:
-                self.runlog.append("stop", session_s=self.clock() - self._session_start)
+                self._end_session("stop")
             elif self._last_step is not None:
                 # The loop raised after training began: evidence of a failure even when the
                 # session never restored or saved (a SIGKILL leaves only its start and saves).
-                self.runlog.append(
-                    "crashed", session_s=self.clock() - self._session_start, step=self._last_step
-                )
-            self._lock.release()
+                self._end_session("crashed", step=self._last_step)
+            else:
+                self._end_session()
+
+    def _end_session(self, event: str | None = None, **fields) -> None:
+        """Closed for good: no exit hook, the signal handlers put back, writes finished, the
+        session's last run-log ``event`` recorded, and then the directory lock given back."""
+        self._closed = True
+        atexit.unregister(self._exit_hook)
+        self._restore_signal_handlers()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if event is not None:
+            self.runlog.append(event, session_s=self.clock() - self._session_start, **fields)
+        self._lock.release()
 
     def __enter__(self) -> AdaptiveCheckpointer:
         return self
