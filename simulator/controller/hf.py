@@ -44,7 +44,6 @@ torn folders older than the save just made. Without ``save_total_limit`` nothing
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -213,7 +212,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
         """Measured cost of each of those saves (writing and marking), seconds."""
         self.preempted = False
         """A preemption signal arrived; the run saved and stopped."""
-        self._signalled = False
+        self._signalled = 0  # the signal this process got (0: none)
         self._old_handlers: dict[int, object] = {}
         self._step_end_t: float | None = None
         self._save_total_limit = None
@@ -245,9 +244,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
             )
         # Trainer's rotation runs before the marker and counts torn folders; ours replaces it.
         self._save_total_limit, args.save_total_limit = args.save_total_limit, None
-        options = dict(self._options)
-        if "preemption_signals" in inspect.signature(AdaptiveCheckpointer).parameters:
-            options["preemption_signals"] = ()  # [lifecycle] this callback handles the signals
+        options = dict(self._options, preemption_signals=())  # the callback handles them
         self.checkpointer = AdaptiveCheckpointer(
             args.output_dir, model=model, backend=_backend(), **options
         )
@@ -313,17 +310,8 @@ class AdaptiveSaveCallback(_TrainerCallback):
         if self.checkpointer is not None:
             finished = not self.preempted and state.global_step >= state.max_steps
             if self.preempted:
-                self.checkpointer.runlog.append(
-                    "preempted",
-                    session_s=self.clock() - self.schedule._session_start,
-                    step=int(state.global_step),
-                )
-            # [lifecycle] close(finished=...) records "finished" in the run log; before that
-            # lands, close() takes no argument.
-            if "finished" in inspect.signature(self.checkpointer.close).parameters:
-                self.checkpointer.close(finished=finished)
-            else:
-                self.checkpointer.close()
+                self.checkpointer._note_preempted(int(state.global_step), self._signalled or None)
+            self.checkpointer.close(finished=finished)
         return control
 
     # -- helpers -----------------------------------------------------------------------------
@@ -359,7 +347,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
 
     def _install_signal_handlers(self) -> None:
         def handler(signum, frame):  # only a flag: the next step end saves and stops
-            self._signalled = True
+            self._signalled = signum
 
         try:
             for sig in self.preemption_signals:
@@ -375,10 +363,10 @@ class AdaptiveSaveCallback(_TrainerCallback):
     def _preemption_agreed(self) -> bool:
         backend = self.checkpointer.backend
         if backend.world_size == 1:
-            return self._signalled
+            return bool(self._signalled)
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([int(self._signalled)])
+        flag = torch.tensor([int(bool(self._signalled))])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=backend.group)
         return bool(flag.item())
