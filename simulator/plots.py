@@ -204,19 +204,27 @@ def time_breakdown(df, *, label: str = "policy", ax=None):
 
 
 def cost_distribution(costs: Mapping[str, np.ndarray], *, unit: str = "USD", ax=None):
-    """Histogram of the per-replica run cost of each policy, with its mean marked."""
+    """Every replica's run cost, one row per policy (a dot each, jittered within its row so
+    none hides another), with the policy's mean marked by a bar across its row.
+
+    One row per policy, not overlaid histograms: bins shared by a near-optimal policy and an
+    hourly one squash the near-optimal spread into one or two bars, and overlap hides it.
+    """
     ax = _axes(ax)
     values = [np.asarray(v, dtype=float) for v in costs.values()]
-    bins = np.histogram_bin_edges(np.concatenate(values), bins=30)
     money = format_usd if unit == "USD" else (lambda x: f"{x:,.4g} {unit}")
+    jitter = np.random.default_rng(0)  # the same picture on every run
     for i, (name, v) in enumerate(zip(costs, values, strict=True)):
-        ax.hist(v, bins=bins, alpha=0.45, color=f"C{i}", label=f"{name} (mean {money(v.mean())})")
-        ax.axvline(v.mean(), color=f"C{i}", lw=1.5)
-    ax.set_xlabel(f"cost of the run ({unit})")
+        y = i + jitter.uniform(-0.3, 0.3, len(v))
+        ax.scatter(v, y, s=6, alpha=0.5, color=f"C{i}", label=f"{name} (mean {money(v.mean())})")
+        ax.plot([v.mean()] * 2, [i - 0.4, i + 0.4], color=f"C{i}", lw=2)
+    ax.set_yticks(range(len(values)), list(costs))
+    ax.set_ylim(len(values) - 0.5, -0.5)  # the first policy on top, as the legend reads
+    ax.set_xlabel(f"cost of the run ({unit}); one dot per replica, bar: mean")
     if unit == "USD":
         _dollar_axis(ax.xaxis)
-    ax.set_ylabel("replicas")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("policy")
+    ax.legend(fontsize=8, loc="best")
     return ax
 
 
