@@ -227,12 +227,17 @@ def main() -> None:
         f"{platform.python_version()}, simpy {simpy.__version__}, numpy {np.__version__}"
     )
     print(f"{machine}; {repeats} repeats", flush=True)
+    # Made before the measurement: its footer gives the time the whole run took.
+    report = (
+        None
+        if args.quick
+        else Report("bench_des", "DES and fast-engine speed against the peer SimPy model")
+    )
     rates = measure(repeats, replicas)
     table = render(rates, repeats, replicas)
-    if args.quick:
+    if report is None:
         print(table)
         return
-    report = Report("bench_des", "DES and fast-engine speed against the peer SimPy model")
     report.add(__doc__.split("\n\n", 1)[1].rsplit("\n\nRun:", 1)[0])
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     report.add(f"## Measured {when} on {machine}\n\n{table}")
