@@ -409,6 +409,12 @@ from simulator.controller.distributed import DistributedBackend
 from simulator.policies import FixedInterval
 
 directory, steps = sys.argv[1], int(sys.argv[2])
+
+
+def say(*parts):  # one write per line: two ranks share torchrun's stdout pipe
+    os.write(1, (" ".join(map(str, parts)) + "\n").encode())
+
+
 delay = float(os.environ.get("STEP_DELAY_S", "0"))
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -426,7 +432,7 @@ ckpt = AdaptiveCheckpointer(
     clock=lambda: now[0],  # a second per step on rank 0: a check point every 5 steps
 )
 step = ckpt.restore()
-print("START", rank, step, flush=True)
+say("START", rank, step)
 while step < steps:
     g = torch.Generator().manual_seed(1000 * rank + step)
     x = torch.randn(8, 4, generator=g)
@@ -436,7 +442,7 @@ while step < steps:
     step += 1
     now[0] += 1.0 if rank == 0 else 3.0
     ckpt.step(step)
-    print("STEP", rank, step, flush=True)
+    say("STEP", rank, step)
     time.sleep(delay)
 ckpt.close()
 h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
@@ -444,7 +450,7 @@ for p in model.parameters():
     h.update(p.detach().numpy().tobytes())
 for s in opt.state_dict()["state"].values():
     h.update(s["exp_avg"].numpy().tobytes() + s["exp_avg_sq"].numpy().tobytes())
-print("DIGEST", rank, h.hexdigest(), flush=True)
+say("DIGEST", rank, h.hexdigest())
 dist.destroy_process_group()
 """
 
