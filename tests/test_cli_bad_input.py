@@ -68,7 +68,7 @@ def assert_one_line_error(code, err, fragment):
         (["simulate", *JOB, "--out", ""], "--out needs a file name"),
         (["sweep", *JOB, "--vary", "mtbf_h=1,2", "--vary", "mtbf_h=3"], "given twice"),
         (["sweep", *JOB, "--vary", "gpus=1.5"], "takes whole numbers"),
-        (["plot", "tornado", *JOB, "--factor", "1e300", "--out", "t"], "at most 100"),
+        (["plot", "tornado", *JOB[:6], "--factor", "1e300", "--out", "t"], "at most 100"),
         (["bench", "--sizes", "100K", "--repeats", "100000"], "--repeats 100000: at most"),
         # Runaways once: hours of simulation or gigabytes, refused up front with the estimate.
         (["simulate", "--mtbf-h", "0.001", "--checkpoint-s", "60", "--work-h", "10"],
@@ -108,7 +108,7 @@ def test_an_unwritable_out_is_refused_before_a_long_simulation(capsys, tmp_path)
     for argv in (
         ["simulate", *long_job, "--max-core-hours", "100", "--out", f"{blocker}/runs.csv"],
         ["sweep", *long_job, "--max-core-hours", "100", "--out", f"{blocker}/s.csv"],
-        ["plot", "interval", *long_job[:5], "--max-core-hours", "100", "--out", f"{blocker}/p"],
+        ["plot", "interval", *long_job[:6], "--max-core-hours", "100", "--out", f"{blocker}/p"],
         ["sweep", *JOB, "--out", "/proc/no-such/s.csv"],
         ["plot", "breakdown", *JOB[:6], "--out", str(tmp_path)],
     ):
@@ -122,7 +122,13 @@ def test_an_empty_controller_log_is_one_line(capsys, tmp_path):
     for name in ("runlog.jsonl", "intervals.csv"):
         (tmp_path / name).write_text("")
         code, _, err = run_cli(
-            capsys, "plot", "controller", "--log", str(tmp_path / name), "--out", str(tmp_path / "p")
+            capsys,
+            "plot",
+            "controller",
+            "--log",
+            str(tmp_path / name),
+            "--out",
+            str(tmp_path / "p"),
         )
         assert_one_line_error(code, err, "empty")
     (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00")
@@ -216,13 +222,14 @@ def full_disk(tmp_path):
 
 
 def _fill(mnt: Path) -> None:
-    with open(mnt / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-        except OSError:
+    fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
             pass
+    except OSError:
+        pass  # full
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize("command", ["simulate", "sweep", "plot"])
@@ -240,3 +247,47 @@ def test_a_full_disk_leaves_the_old_output_intact_and_no_temp_file(capsys, full_
     assert_one_line_error(code, err, "No space left on device")
     assert old.read_text() == "the previous results\n"
     assert sorted(p.name for p in full_disk.iterdir()) == sorted(["filler", name])
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_up_during_bench_is_one_line_and_leaves_nothing(tmp_path):
+    """ENOSPC in the middle of the measurement: another writer fills the disk once it started."""
+    mnt = tmp_path / "scratch"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("needs permission to mount a tmpfs (root)")
+    try:
+        argv = [PY, "-m", "simulator", "bench", "--sizes", "100K,2M", "--formats", "torch",
+                "--repeats", "100", "--dir", str(mnt), "--out", str(tmp_path / "p.json")]  # fmt: skip
+        proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while not list(mnt.glob("ckptsim-bench-*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.005)
+        # The benchmark checked for room and started; now the disk fills up under it.
+        fd = os.open(mnt / "other-job", os.O_WRONLY | os.O_CREAT)
+        try:
+            os.posix_fallocate(fd, 0, 600 << 20)
+        except OSError:
+            _fill_fd(fd)
+        finally:
+            os.close(fd)
+        _, err = proc.communicate(timeout=120)
+        leftovers = [p.name for p in mnt.iterdir() if p.name != "other-job"]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    assert leftovers == []
+    err = err.decode()
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "No space left on device" in err
+    assert "--dir" in err
+    assert not (tmp_path / "p.json").exists()
+
+
+def _fill_fd(fd: int) -> None:
+    try:
+        while os.write(fd, b"\0" * (1 << 20)):
+            pass
+    except OSError:
+        pass
