@@ -87,7 +87,7 @@ def assert_one_line_error(code, err, fragment):
 def test_bad_input_is_one_line_and_status_2_before_any_work(capsys, tmp_path, argv, fragment):
     os.chdir(tmp_path)
     start = time.monotonic()
-    code, out, err = run_cli(capsys, *argv)
+    code, _, err = run_cli(capsys, *argv)
     line = assert_one_line_error(code, err, fragment)
     assert time.monotonic() - start < 30
     for internal in ("ideal_usd", "lognormal scale", "(count)", "(dimensionless)", "engine='"):
@@ -159,7 +159,7 @@ def test_huge_but_valid_numbers_print_in_scientific_notation(capsys):
 def test_workers_beyond_the_cores_are_capped_with_a_note(capsys):
     from simulator.workers import available_cores
 
-    code, out, err = run_cli(
+    code, _, err = run_cli(
         capsys, "simulate", *JOB[:4], "--replicas", "4", "--workers", "1000", "--json"
     )
     assert code == 0, err
@@ -257,8 +257,9 @@ def test_a_disk_that_fills_up_during_bench_is_one_line_and_leaves_nothing(tmp_pa
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600m", "tmpfs", str(mnt)]).returncode:
         pytest.skip("needs permission to mount a tmpfs (root)")
     try:
+        out = str(tmp_path / "p.json")
         argv = [PY, "-m", "simulator", "bench", "--sizes", "100K,2M", "--formats", "torch",
-                "--repeats", "100", "--dir", str(mnt), "--out", str(tmp_path / "p.json")]  # fmt: skip
+                "--repeats", "100", "--dir", str(mnt), "--out", out]  # fmt: skip
         proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while not list(mnt.glob("ckptsim-bench-*")) and time.monotonic() < deadline:
