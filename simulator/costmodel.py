@@ -178,7 +178,11 @@ class CostProfile:
         }
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """Write the profile JSON, replacing any old file in one step (never half-written)."""
+        from simulator.outfile import write_atomic
+
+        text = json.dumps(self.to_dict(), indent=1) + "\n"
+        write_atomic(path, lambda tmp: tmp.write_text(text))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CostProfile:

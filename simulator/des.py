@@ -38,7 +38,8 @@ from simulator.scenario import Scenario
 __all__ = ["MAX_WALL_FACTOR", "ClusterJob", "failure_source_for"]
 
 MAX_WALL_FACTOR = 1000.0
-"""A replica that needs more than this many times its work in wall time is declared stuck."""
+"""A replica that needs more than this many times its work (and final save) in wall time is
+declared stuck."""
 
 
 def failure_source_for(
@@ -248,7 +249,8 @@ class ClusterJob:
         """Run the job to completion; times in seconds, counts as integers."""
         job = self.env.process(self._job())
         self.env.process(self._failures(job))
-        limit = self.env.timeout(MAX_WALL_FACTOR * self.work_s)
+        # The final save belongs to the job: a job of a few microseconds is not stuck.
+        limit = self.env.timeout(MAX_WALL_FACTOR * (self.work_s + self.write_s))
         self.env.run(until=self.env.any_of([job, limit]))
         if job.is_alive:
             raise InputError(

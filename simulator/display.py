@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["format_duration", "format_usd"]
+__all__ = ["HUGE_HOURS", "HUGE_USD", "format_duration", "format_usd"]
+
+# Beyond these, numbers print in scientific notation: 1.8e+296 h, not 300 digits of commas.
+HUGE_HOURS = 1e7
+HUGE_USD = 1e12
 
 
 def format_usd(usd: float) -> str:
-    """Money as a reader writes it: ``$49,820,000``, ``-$3,827``; ``inf`` and ``—`` (NaN).
+    """Money as a reader writes it: ``$49,820,000``, ``-$3,827``; ``$1.8e+13`` from a trillion
+    up (never a 300-digit number); ``> $1e308`` for an unbounded cost, ``—`` for NaN.
 
     Whole dollars, thousands separated: the one money format of the CLI's human output, the
     reports' tables and the figures' axes and legends, so a figure's number reads as the text's.
@@ -23,23 +28,30 @@ def format_usd(usd: float) -> str:
     if math.isnan(usd):
         return "—"
     if math.isinf(usd):
-        return "inf" if usd > 0 else "-inf"
-    text = f"${abs(usd):,.0f}"
+        return "> $1e308" if usd > 0 else "< -$1e308"
+    if abs(usd) >= HUGE_USD:
+        text = f"${abs(usd):.3g}"
+    else:
+        text = f"${abs(usd):,.0f}"
     return "-" + text if round(usd) < 0 else text
 
 
 def format_duration(seconds: float) -> str:
-    """A duration in the unit a reader thinks in: ``45 s``, ``18.6 min``, ``1.50 h``, ``2,000 h``.
+    """A duration in the unit a reader thinks in: ``45 s``, ``18.6 min``, ``1.50 h``, ``2,000 h``;
+    ``3e+11 h`` past ten million hours, ``> 1e308 s`` for an unbounded one, ``n/a`` for NaN.
 
     The one format of the CLI's intervals and the figures' legends (never raw ``interval_s``).
     """
     seconds = float(seconds)
     if not math.isfinite(seconds):
-        return "inf"
+        return "> 1e308 s" if seconds > 0 else "n/a"
+    if 0 < abs(seconds) < 1e-3:
+        return f"{seconds:.2g} s"
     if seconds < 120:
         return f"{seconds:.3g} s"
     if seconds < 3600:
         return f"{seconds / 60:.1f} min"
     if seconds < 100 * 3600:
         return f"{seconds / 3600:.2f} h"
-    return f"{seconds / 3600:,.0f} h"
+    hours = seconds / 3600
+    return f"{hours:.3g} h" if hours >= HUGE_HOURS else f"{hours:,.0f} h"

@@ -322,6 +322,13 @@ def _run_one(sched0: _Schedule, sched: _Schedule, f: np.ndarray, work_s: float, 
     return wall, kf, checkpoints, lost, cut_saves
 
 
+_MAX_WALL_FACTOR = 1000.0  # = des.MAX_WALL_FACTOR (SimPy is not imported here)
+
+
+def labels_of(policies: Sequence[Policy]) -> tuple[str, ...]:
+    return tuple(getattr(p, "name", type(p).__name__) for p in policies)
+
+
 def simulate_policies(
     scenario: Scenario,
     policies: Sequence[Policy],
@@ -404,4 +411,12 @@ def simulate_policies(
         if ok:
             labels = tuple(getattr(p, "name", type(p).__name__) for p in policies)
             return FastResult(labels=labels, arrays=out, process=process)
+        if horizon > _MAX_WALL_FACTOR * (work + delta) + 20.0 * mtbf + 10.0 * restart:
+            # As in the DES: a job this far from done is stuck, and drawing ever more
+            # failures would only exhaust memory.
+            raise InputError(
+                f"policy {labels_of(policies)[i]!r} made no headway: not done after "
+                f"{_MAX_WALL_FACTOR:g}x its work in wall time (failures too frequent for the "
+                "save and restart costs)"
+            )
         horizon *= 2.0

@@ -11,9 +11,7 @@ less noise than either estimate.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 import pandas as pd
@@ -25,6 +23,7 @@ from simulator.results import SimulationResult, check_replicas
 from simulator.scenario import Scenario
 from simulator.streams import replica_seed, replica_streams, run_seed
 from simulator.trace import TraceFailures
+from simulator.workers import run_tasks, worker_count
 
 __all__ = ["replica_seed", "run_replica", "simulate"]
 
@@ -71,7 +70,8 @@ def run_replica(
     return record
 
 
-def _run_chunk(scenario, policy, seed, indices, failure_times) -> list[tuple[int, dict]]:
+def _run_chunk(task) -> list[tuple[int, dict]]:
+    scenario, policy, seed, indices, failure_times = task
     return [
         (i, run_replica(scenario, policy, replica_seed(seed, i), failure_times=failure_times))
         for i in indices
@@ -96,6 +96,7 @@ def simulate(
 ) -> SimulationResult:
     """Run ``replicas`` independent replicas (in ``workers`` processes; None: all cores).
 
+    ``workers`` is capped at the cores available (``simulator.workers.worker_count``).
     ``failure_times`` replays a trace instead of the scenario's failure model; a callable
     gets each replica's failure stream (e.g. to pick a random subset of a real cluster) and
     must be picklable when ``workers`` > 1.
@@ -103,9 +104,9 @@ def simulate(
     replicas = check_replicas(replicas)
     seed = run_seed(seed)
     policy = _as_policy(policy)
-    workers = min(os.cpu_count() or 1, replicas) if workers is None else int(workers)
-    if workers < 1:
+    if workers is not None and int(workers) < 1:
         raise InputError(f"workers must be a positive whole number, got {workers!r}")
+    workers = worker_count(workers, replicas)
     rows: dict[int, dict] = {}
     with _progress(replicas, progress and replicas > 1) as bar:
         if workers == 1 or replicas == 1:
@@ -117,16 +118,11 @@ def simulate(
         else:
             # Several chunks per worker keep both cores busy and the bar moving.
             chunks = np.array_split(np.arange(replicas), min(replicas, workers * 8))
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = [
-                    pool.submit(_run_chunk, scenario, policy, seed, c.tolist(), failure_times)
-                    for c in chunks
-                    if c.size
-                ]
-                for future in as_completed(futures):
-                    done = future.result()
-                    rows.update(done)
-                    bar.update(len(done))
+            tasks = [(scenario, policy, seed, c.tolist(), failure_times) for c in chunks if c.size]
+            # Ctrl-C or a failing replica kills the workers at once (simulator.workers).
+            for done in run_tasks(_run_chunk, tasks, workers, ordered=False):
+                rows.update(done)
+                bar.update(len(done))
     records = pd.DataFrame([rows[i] for i in range(replicas)])
     return SimulationResult.of_run(
         records,

@@ -55,6 +55,7 @@ __all__ = [
     "optimize_by_simulation",
     "optimize_parameter",
     "paired_excess",
+    "search_bounds",
 ]
 
 DEFAULT_INTERVALS_S = {"fixed-30min": 1800.0, "fixed-1h": 3600.0, "fixed-3h": 10800.0}
@@ -271,6 +272,17 @@ def optimize_parameter(
 BASELINES = ("young", "daly", "exact-exponential", *DEFAULT_INTERVALS_S)
 
 
+def search_bounds(scenario: Scenario) -> tuple[float, float]:
+    """The interval range searched for the optimum (s).
+
+    1/8 .. 8x the exponential optimum holds the optimum of every family we model; the lower
+    end stays above a tenth of a save so the job can make progress.
+    """
+    delta = scenario.save_stall_s
+    anchor = float(analytic.optimal_interval(delta, scenario.system_mtbf_s))
+    return (max(anchor / 8.0, delta / 10.0), anchor * 8.0)
+
+
 def _baselines(interval_s: float, names: Sequence[str], extra: dict[str, Policy] | None):
     table: dict[str, Policy] = {
         "young": Young(),
@@ -309,11 +321,8 @@ def optimize_by_simulation(
     and under ``policies`` each baseline's mean objective and its excess over the optimum
     (mean and CI, in the objective's unit and in percent), all measured on fresh seeds.
     """
-    delta, mtbf = scenario.save_stall_s, scenario.system_mtbf_s
-    anchor = float(analytic.optimal_interval(delta, mtbf))
-    # 1/8 .. 8x the exponential optimum holds the optimum of every family we model; the
-    # lower end stays above a tenth of a save so the job can make progress.
-    bounds = (max(anchor / 8.0, delta / 10.0), anchor * 8.0)
+    anchor = float(analytic.optimal_interval(scenario.save_stall_s, scenario.system_mtbf_s))
+    bounds = search_bounds(scenario)
     root = np.random.SeedSequence(seed)
     search_ss, check_ss = root.spawn(2)
     opt = optimize_parameter(

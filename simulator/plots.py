@@ -66,21 +66,31 @@ def _axes(ax):
     return ax
 
 
-def save(ax_or_fig, stem: str | Path, formats: Sequence[str] = ("png", "svg")) -> list[Path]:
-    """Write the figure as ``stem.png`` and ``stem.svg`` (parents created); the paths."""
-    fig = getattr(ax_or_fig, "figure", ax_or_fig)
-    stem = Path(stem)
-    if stem.suffix in (".png", ".svg"):
-        stem = stem.with_suffix("")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in formats:
-        path = stem.with_suffix(f".{fmt}")
-        fig.savefig(path, dpi=130)
-        paths.append(path)
-    import matplotlib.pyplot as plt
+FIGURE_SUFFIXES = ("", ".png", ".svg")
+"""What ``save``'s stem may end in: nothing, or one of the formats it writes (then dropped)."""
 
-    plt.close(fig)
+
+def save(ax_or_fig, stem: str | Path, formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """Write the figure as ``stem.png`` and ``stem.svg`` (parents created); the paths.
+
+    Each file is replaced in one step (``simulator.outfile.write_atomic``), never half-written.
+    """
+    from simulator.outfile import check_output, write_atomic
+
+    fig = getattr(ax_or_fig, "figure", ax_or_fig)
+    stem = check_output(stem)
+    if stem.suffix.lower() in (".png", ".svg"):
+        stem = stem.with_suffix("")
+    paths = []
+    try:
+        for fmt in formats:
+            path = stem.with_name(f"{stem.name}.{fmt}")
+            write_atomic(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=130))
+            paths.append(path)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     return paths
 
 
@@ -256,10 +266,12 @@ def read_interval_log(path: str | Path):
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise InputError(f"cannot read interval log {path}: {_reason(exc)}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a UTF-8 text file (CSV or JSON)") from None
     if not text.strip():
-        raise InputError(f"{path}: the interval log is empty")
+        raise InputError(f"{path}: the interval log is empty (no records yet?)")
     if path.suffix.lower() in (".json", ".jsonl") or text.lstrip()[:1] in ("[", "{"):
         try:
             data = json.loads(text)

@@ -43,6 +43,9 @@ METRICS = (
 )
 """Columns that ``summary()`` describes (``usd`` only when a price was given)."""
 
+OUT_SUFFIXES = (".csv", ".parquet", ".pq")
+"""Extensions ``SimulationResult.to_file`` writes."""
+
 
 def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
     """Mean and Student's t confidence interval of the mean: (mean, low, high).
@@ -169,20 +172,21 @@ class SimulationResult:
         return out
 
     def to_file(self, path: str | Path) -> Path:
-        """Write the per-replica records: ``.csv`` or ``.parquet`` by the file's extension."""
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix not in (".csv", ".parquet", ".pq"):
-            raise InputError(f"--out {path}: use a .csv or .parquet file name")
+        """Write the per-replica records: ``.csv`` or ``.parquet`` by the file's extension.
+
+        The file is replaced in one step (``simulator.outfile.write_atomic``): never half-written.
+        """
+        from simulator.outfile import check_output, write_atomic
+
+        path = check_output(path, suffixes=OUT_SUFFIXES)
+        if path.suffix.lower() == ".csv":
+            write_atomic(path, lambda tmp: self.records.to_csv(tmp, index=False))
+            return path
         try:
-            if suffix == ".csv":
-                self.records.to_csv(path, index=False)
-            else:
-                self.records.to_parquet(path, index=False)
+            import pyarrow  # noqa: F401
         except ImportError:
             raise InputError(
                 "Parquet output needs pyarrow (pip install ckptsim[parquet])"
             ) from None
-        except OSError as exc:
-            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        write_atomic(path, lambda tmp: self.records.to_parquet(tmp, index=False))
         return path

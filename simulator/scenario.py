@@ -7,6 +7,10 @@ their sources in comments; ``load_scenario("llama3")`` reads one by name.
 Field names carry their units; ``*_s`` properties give SI seconds. The job's failure rate is
 derived in one place, ``Scenario.failure_rate_per_s`` (GPU and node-level failures), which
 ``system_mtbf_s`` inverts; closed forms, engines and the controller's prior all read it.
+
+Every number must be finite and lie in a documented range (``MAX_GPUS``, ``MIN_SECONDS`` to
+``MAX_HOURS``, ``MAX_USD``, ``MAX_BYTES``; failure shapes in ``failures.SHAPE_RANGE``): wide
+enough for any real job, narrow enough that every answer is a finite number of the right unit.
 """
 
 from __future__ import annotations
@@ -27,15 +31,45 @@ __all__ = ["DEFAULT_PRESET", "Scenario", "load_scenario", "preset_names"]
 DEFAULT_PRESET = "llama3"
 
 
+MAX_GPUS = 100_000_000
+"""Most GPUs (or nodes, or spares) a scenario may have: 500x the largest cluster built by 2025,
+and past it the per-GPU state of a single simulated replica alone outgrows memory."""
+MAX_HOURS = 1e15
+"""Longest duration accepted (hours, ~1e11 years). Huge MTBFs stand for "no failures", so the
+cap is generous; it keeps every product of a duration, a GPU count and a price finite."""
+MIN_SECONDS = 1e-6
+"""Shortest positive duration accepted (seconds): nothing real is quicker than a microsecond,
+and values like 1e-300 s only produce intervals of denormal seconds."""
+MAX_USD = 1e6
+"""Highest price accepted (per GPU-hour or per GB-month): keeps every cost a finite number."""
+MAX_BYTES = 1e18
+"""Largest checkpoint (an exabyte); bandwidths lie between 1 byte/s and this per second."""
+
+_UNIT_RANGE = {
+    "hours": (MIN_SECONDS / 3600.0, MAX_HOURS),
+    "seconds": (MIN_SECONDS, MAX_HOURS * 3600.0),
+    "US dollars": (0.0, MAX_USD),
+    "bytes": (1.0, MAX_BYTES),
+    "bytes per second": (1.0, MAX_BYTES),
+    "nodes": (0, MAX_GPUS),
+    "GPUs": (1, MAX_GPUS),
+    "checkpoints": (1, 1_000_000),
+}
+
+
 def _check_positive(name: str, value, unit: str, *, allow_zero: bool = False) -> None:
+    """A finite number in the unit's range (``_UNIT_RANGE``); zero too with ``allow_zero``."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(f"{name} must be a number of {unit}, got {value!r}")
+    low, high = _UNIT_RANGE[unit]
     bad = value < 0 if allow_zero else value <= 0
     if not math.isfinite(value) or bad:
         sign = "non-negative" if allow_zero else "positive"
         raise InputError(f"{name} must be a {sign} number of {unit}, got {value!r}")
+    if value > high or (value < low and not (allow_zero and value == 0)):
+        raise InputError(f"{name} must be between {low:g} and {high:g} {unit}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +140,7 @@ class Scenario:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InputError(f"{name} must be a whole number, got {value!r}")
-            _check_positive(name, value, "(count)")
+            _check_positive(name, value, "checkpoints" if name[0] == "c" else "GPUs")
         _check_positive("gpu_mtbf_h", self.gpu_mtbf_h, "hours")
         _check_positive("mtbf_h", self.mtbf_h, "hours")
         _check_positive("checkpoint_s", self.checkpoint_s, "seconds")
@@ -121,6 +155,11 @@ class Scenario:
             raise InputError("gpu_mtbf_h (per-GPU MTBF) needs gpus to scale to the cluster")
         if self.gpus is not None and self.gpus_per_node > self.gpus:
             raise InputError(f"gpus_per_node ({self.gpus_per_node}) exceeds gpus ({self.gpus})")
+        if self.has_mtbf and self.system_mtbf_s < MIN_SECONDS:
+            raise InputError(
+                f"the job's MTBF (gpu_mtbf_h / gpus) is {self.system_mtbf_s:.3g} s, under "
+                f"{MIN_SECONDS:g} s"
+            )
         parse_failure(self.failure, 3600.0)  # validates the family spec early
         self._validate_des_fields()
 
@@ -163,6 +202,13 @@ class Scenario:
         nodes = self.nodes
         if self.writer_nodes is not None and nodes is not None and self.writer_nodes > nodes:
             raise InputError(f"writer_nodes ({self.writer_nodes}) exceeds the job's {nodes} nodes")
+        derived = (("write", self.checkpoint_write_s), ("load", self.load_s))
+        for name, value in derived:
+            if value > MAX_HOURS * 3600.0:
+                raise InputError(
+                    f"a checkpoint {name} of {value:.3g} s (checkpoint_bytes over the bandwidth) "
+                    f"exceeds {MAX_HOURS:g} hours"
+                )
 
     # -- derived values (seconds) -------------------------------------------------------
     @property

@@ -71,5 +71,9 @@ def replica_streams(rng_or_seed) -> tuple[np.random.Generator, ...]:
 
 def run_seed(seed: int | None) -> int:
     """The seed a run records: ``seed``, or fresh entropy when None (so the run can be
-    repeated from what it reports)."""
-    return int(np.random.SeedSequence().entropy % (2**63)) if seed is None else seed
+    repeated from what it reports); a bad seed is a one-line InputError."""
+    if seed is None:
+        return int(np.random.SeedSequence().entropy % (2**63))
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise InputError(f"seed must be a non-negative whole number, got {seed!r}")
+    return int(seed)

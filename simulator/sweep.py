@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,9 @@ from simulator import fastmc
 from simulator.errors import InputError
 from simulator.optimize import _first_interval, evaluate
 from simulator.policies import FixedInterval, Policy, make_policy
-from simulator.results import mean_ci
+from simulator.results import check_replicas, mean_ci
 from simulator.scenario import Scenario
+from simulator.streams import run_seed
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -149,8 +149,10 @@ def run_sweep(
     """
     import pandas as pd
 
-    if replicas < 1:
-        raise InputError(f"replicas must be >= 1, got {replicas!r}")
+    replicas = check_replicas(replicas)
+    if seed is None:
+        raise InputError("a sweep needs a seed (its points' streams derive from it)")
+    seed = run_seed(seed)
     for p in policies:
         parse_policy(p)  # fail fast on a bad spec, before any worker starts
     points = grid_points(axes, seed)
@@ -172,23 +174,19 @@ def _bar(total: int, progress: bool, desc: str):
 
 
 def _run_local(tasks, workers, progress):
-    workers = workers or os.cpu_count() or 1
-    if workers == 1 or len(tasks) == 1:
-        results = []
-        with _bar(len(tasks), progress, "sweep") as bar:
+    from simulator.workers import run_tasks, worker_count
+
+    workers = worker_count(workers, len(tasks))
+    results = []
+    with _bar(len(tasks), progress, "sweep") as bar:
+        if workers == 1:
             for t in tasks:
                 results.append(_run_task(t))
                 bar.update()
-        return results
-    from concurrent.futures import ProcessPoolExecutor
-
-    chunk = max(1, len(tasks) // (workers * 8))
-    with (
-        ProcessPoolExecutor(max_workers=workers) as pool,
-        _bar(len(tasks), progress, "sweep") as bar,
-    ):
-        results = []
-        for r in pool.map(_run_task, tasks, chunksize=chunk):
+            return results
+        chunk = max(1, len(tasks) // (workers * 8))
+        # Ctrl-C or a failing point kills the workers at once (simulator.workers).
+        for r in run_tasks(_run_task, tasks, workers, chunksize=chunk):
             results.append(r)
             bar.update()
     return results
@@ -205,7 +203,7 @@ def _run_dask(tasks, address, client, progress):
     if own:
         try:
             client = Client(address, timeout="10s")
-        except OSError as exc:
+        except (OSError, ValueError, TypeError) as exc:
             raise InputError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
     try:
         # A few chunks per worker thread: per-task scheduling overhead would otherwise
@@ -216,31 +214,40 @@ def _run_dask(tasks, address, client, progress):
         futures = client.map(_run_chunk, chunks, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         results = [None] * len(chunks)
-        with _bar(len(tasks), progress, "sweep (dask)") as bar:
-            for fut in as_completed(futures):
-                i = index[fut.key]
-                results[i] = fut.result()
-                bar.update(len(chunks[i]))
+        try:
+            with _bar(len(tasks), progress, "sweep (dask)") as bar:
+                for fut in as_completed(futures):
+                    i = index[fut.key]
+                    results[i] = fut.result()
+                    bar.update(len(chunks[i]))
+        except BaseException:
+            client.cancel(futures)  # Ctrl-C: the cluster stops working on this sweep too
+            raise
         return [r for chunk in results for r in chunk]
     finally:
         if own:
             client.close()
 
 
+TABLE_SUFFIXES = (".parquet", ".csv")
+"""Extensions ``save_table`` writes."""
+
+
 def save_table(df, path: str | Path) -> Path:
-    """Write ``df`` as Parquet (``.parquet``) or CSV (anything else)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
+    """Write ``df`` as Parquet (``.parquet``) or CSV (``.csv``), replacing any old file in one
+    step (``simulator.outfile.write_atomic``)."""
+    from simulator.outfile import check_output, write_atomic
+
+    path = check_output(path, suffixes=TABLE_SUFFIXES)
+    if path.suffix.lower() == ".parquet":
         try:
-            df.to_parquet(path, index=False)
+            import pyarrow  # noqa: F401
         except ImportError:
             raise InputError(
                 "Parquet output needs pyarrow (pip install ckptsim[parquet])"
             ) from None
-    else:
-        df.to_csv(path, index=False)
-    return path
+        return write_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
+    return write_atomic(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
 def engine_for(base: Scenario) -> str:
@@ -251,10 +258,10 @@ def engine_for(base: Scenario) -> str:
 # -- the optimum across scenarios ---------------------------------------------------------
 def _search(scenario: Scenario, replicas: int, seed, bootstrap: int):
     from simulator import analytic
-    from simulator.optimize import optimize_parameter
+    from simulator.optimize import optimize_parameter, search_bounds
 
     anchor = float(analytic.optimal_interval(scenario.save_stall_s, scenario.system_mtbf_s))
-    bounds = (max(anchor / 8.0, scenario.save_stall_s / 10.0), anchor * 8.0)
+    bounds = search_bounds(scenario)
     return anchor, optimize_parameter(
         scenario, FixedInterval, bounds, replicas=replicas, seed=seed, bootstrap=bootstrap
     )

@@ -88,10 +88,10 @@ def test_human_output_is_a_table_and_a_verdict(capsys):
     ("argv", "fragment"),
     [
         (["--policy", "hourly"], "invalid choice"),
-        (["--out", "runs.xlsx"], ".csv or .parquet"),
-        (["--spares", "-1"], "non-negative"),
+        (["--out", "runs.xlsx"], "use .csv, .parquet"),
+        (["--spares", "-1"], ">= 0"),
         (["--failure", "gamma"], "unknown failure distribution"),
-        (["--spares", "2"], "repair_h"),
+        (["--spares", "2"], "--repair-h"),
         (["--gpus", "8", "--checkpoint-s", "60", "--work-h", "10"], "no failure rate"),
         (["--mtbf-h", "3", "--checkpoint-s", "60"], "work-h"),
     ],

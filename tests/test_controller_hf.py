@@ -185,6 +185,9 @@ def child_main(output_dir: str, kill_at_save: int, where: str, kill_rank: int) -
     resume_training(trainer)
     print(json.dumps({"rank": rank, "saved": ours.saved_steps}), flush=True)
     if dist.is_initialized():
+        # Both ranks reach the teardown together (as torchrun scripts end): a rank tearing gloo
+        # down while its peer is still leaving train() hung at exit on a loaded machine.
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -76,7 +76,7 @@ def test_records_round_trip_through_csv_and_parquet(tmp_path):
         path = result.to_file(tmp_path / name)
         back = pd.read_csv(path) if name.endswith("csv") else pd.read_parquet(path)
         pd.testing.assert_frame_equal(back, result.records, check_dtype=False)
-    with pytest.raises(InputError, match=r"csv or \.parquet"):
+    with pytest.raises(InputError, match=r"use \.csv, \.parquet"):
         result.to_file(tmp_path / "runs.xlsx")
 
 

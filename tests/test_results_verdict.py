@@ -42,7 +42,8 @@ def test_money_is_dollars_with_thousands_separators_never_scientific():
     assert format_usd(4.982e7) == "$49,820,000"
     assert format_usd(-3827.4) == "-$3,827"
     assert format_usd(-0.2) == "$0"  # no "-$0"
-    assert format_usd(float("nan")) == "—" and format_usd(float("inf")) == "inf"
+    assert format_usd(float("nan")) == "—" and format_usd(float("inf")) == "> $1e308"
+    assert format_usd(1.8e13) == "$1.8e+13"  # not 14 digits of commas
 
 
 def test_durations_are_in_the_unit_a_reader_thinks_in():

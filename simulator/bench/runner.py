@@ -207,7 +207,15 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                             continue
                         row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
                         row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
-                        state = _measure(job, state, ts.tensor_bytes, work / f"{job}-{rep}", row)
+                        try:
+                            where = work / f"{job}-{rep}"
+                            state = _measure(job, state, ts.tensor_bytes, where, row)
+                        except OSError as exc:
+                            # A disk that fills up (another job writing) is the user's to fix.
+                            raise InputError(
+                                f"writing the {job} checkpoint ({size} {dtype}) in --dir "
+                                f"{directory} failed: {exc.strerror or exc}"
+                            ) from None
                         samples.append(row)
                         bar.update()
                 del ts, state

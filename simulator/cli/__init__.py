@@ -43,15 +43,16 @@ def build_parser() -> OneLineParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    """Run one command; 0 on success, 2 (one line on stderr) on bad input, 130 on Ctrl-C."""
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except InputError as exc:
-        return fail(str(exc), prog=f"ckptsim {args.command}")
+        return fail(" ".join(str(exc).split()), prog=f"ckptsim {args.command}")
     except BrokenPipeError:
         # `ckptsim ... | head` closed the pipe: not an error, and no traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -16,6 +16,10 @@ examples:
 """
 
 
+MAX_REPEATS = 100
+"""Repeats beyond this no longer move a median; more is a typo that would run for days."""
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
@@ -65,16 +69,15 @@ def register(subparsers) -> None:
         type=positive_int,
         default=3,
         metavar="K",
-        help="repeats per size and format (default 3)",
+        help=f"repeats per size and format (default 3, at most {MAX_REPEATS})",
     )
-    p.add_argument("--out", type=Path, metavar="FILE", help="write the cost profile JSON here")
+    p.add_argument("--out", metavar="FILE", help="write the cost profile JSON (.json) here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from simulator.bench import FORMATS, BenchConfig, run_benchmark
-    from simulator.bench.runner import check_directory
     from simulator.errors import InputError
 
     cfg = BenchConfig(
@@ -84,10 +87,11 @@ def run(args: argparse.Namespace) -> int:
         dtypes=args.dtypes,
         repeats=args.repeats,
     )
-    if args.out is not None:
-        check_directory(args.out.parent if str(args.out.parent) else Path("."))
-        if args.out.is_dir():
-            raise InputError(f"--out {args.out} is a directory; give a file name")
+    from simulator.cli.common import output_path
+
+    if args.repeats > MAX_REPEATS:
+        raise InputError(f"--repeats {args.repeats}: at most {MAX_REPEATS}")
+    output_path(args, (".json",))  # before the measurement, not after it
     result = run_benchmark(cfg, progress=not args.json and sys.stderr.isatty())
     if args.out is not None:
         result.profile().save(args.out)

@@ -74,8 +74,74 @@ def nonnegative_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative whole number, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text}")
     return value
+
+
+def seed_int(text: str) -> int:
+    """An argparse type for --seed: a whole number >= 0 (what numpy's SeedSequence takes)."""
+    return nonnegative_int(text)
+
+
+def add_budget_flags(parser: argparse.ArgumentParser) -> None:
+    """--max-core-hours and --max-memory-gb: the limits of ``simulator.budget``."""
+    from simulator.budget import DEFAULT_MAX_CORE_HOURS
+
+    g = parser.add_argument_group(
+        "limits",
+        "A run estimated to exceed a limit is refused before it starts, with the estimate\n"
+        "(events ~ replicas x (work/MTBF + work/interval) at a measured rate per core;\n"
+        "memory ~ per-GPU state and per-replica records); so is a job that makes no headway.",
+    )
+    g.add_argument(
+        "--max-core-hours",
+        type=positive_float("hours"),
+        default=DEFAULT_MAX_CORE_HOURS,
+        metavar="H",
+        help=f"most estimated core time (default {DEFAULT_MAX_CORE_HOURS:g} h)",
+    )
+    g.add_argument(
+        "--max-memory-gb",
+        type=positive_float("GB"),
+        metavar="GB",
+        help="most memory the run may need (default: half of what is available now)",
+    )
+
+
+def enforce_budget(args: argparse.Namespace, est, workers: int = 1) -> None:
+    """Refuse (one line) a run whose estimate ``est`` exceeds the command's limits."""
+    from simulator.budget import check
+
+    gb = getattr(args, "max_memory_gb", None)
+    check(
+        est,
+        max_core_hours=args.max_core_hours,
+        max_memory_bytes=None if gb is None else gb * 1e9,
+        workers=workers,
+    )
+
+
+def workers_for(args: argparse.Namespace, tasks: int, prog: str) -> int:
+    """--workers capped at the cores here (and the tasks), with a note when it was cut."""
+    from simulator.workers import available_cores, worker_count
+
+    requested = getattr(args, "workers", None)
+    n = worker_count(requested, tasks)
+    if requested is not None and requested > available_cores():
+        print(
+            f"note: {prog}: --workers {requested} is more than the {available_cores()} cores "
+            f"here; using {n}",
+            file=sys.stderr,
+        )
+    return n
+
+
+def output_path(args: argparse.Namespace, suffixes, flag: str = "--out"):
+    """The --out path, checked before any work (``simulator.outfile.check_output``)."""
+    from simulator.outfile import check_output
+
+    value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    return None if value is None else check_output(value, flag, suffixes)
 
 
 def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
@@ -275,16 +341,41 @@ def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = 
     from simulator.scenario import DEFAULT_PRESET, Scenario, load_scenario
 
     overrides = _overrides(args, extra)
-    if getattr(args, "scenario", None):
-        base = load_scenario(args.scenario)
-        return base.with_overrides(**_small_job_fits_one_node(overrides, base.gpus_per_node))
-    if uses_default_preset(args, extra):
-        return load_scenario(DEFAULT_PRESET)
-    given = {k: v for k, v in overrides.items() if v is not None}
-    if "gpu_mtbf_h" in given and "gpus" not in given:
-        raise InputError("--gpu-mtbf-h (per-GPU MTBF, hours) needs --gpus N to scale to the job")
-    given = _small_job_fits_one_node(given, Scenario.gpus_per_node)
-    return Scenario(name="command-line", **given)
+    # Name fields as flags where the user typed them, or (without a file) could have.
+    from_file = bool(getattr(args, "scenario", None))
+    flags = [
+        k
+        for k, v in overrides.items()
+        if (v is not None or not from_file) and k != "async_checkpoint"
+    ]
+    try:
+        if getattr(args, "scenario", None):
+            base = load_scenario(args.scenario)
+            return base.with_overrides(**_small_job_fits_one_node(overrides, base.gpus_per_node))
+        if uses_default_preset(args, extra):
+            return load_scenario(DEFAULT_PRESET)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "gpu_mtbf_h" in given and "gpus" not in given:
+            raise InputError(
+                "--gpu-mtbf-h (per-GPU MTBF, hours) needs --gpus N to scale to the job"
+            )
+        given = _small_job_fits_one_node(given, Scenario.gpus_per_node)
+        return Scenario(name="command-line", **given)
+    except InputError as exc:
+        raise InputError(as_flags(str(exc), flags)) from None
+
+
+def as_flags(message: str, fields) -> str:
+    """``message`` with each scenario field in ``fields`` named as the flag the user typed
+    (``gpus_per_node`` -> ``--gpus-per-node``); fields from a file keep their TOML names."""
+    import re
+
+    # "failure" is also a plain word in messages ("failure distribution 'x'", which quote
+    # the spec the user typed anyway).
+    for field in sorted(set(fields) - {"failure"}, key=len, reverse=True):
+        flag = "--" + field.replace("_", "-")
+        message = re.sub(rf"(?<![-\w]){re.escape(field)}(?!\w)", flag, message)
+    return message
 
 
 def require_failure_rate(scenario) -> None:

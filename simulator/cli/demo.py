@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from simulator.cli.common import positive_int
+from simulator.cli.common import add_budget_flags, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -34,28 +34,41 @@ def register(subparsers) -> None:
         default=40,
         help="discrete-event replicas for the check (default 40)",
     )
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     p.add_argument(
         "--out",
         default="out/demo",
         metavar="DIR",
         help="folder for the interval plot (default out/demo)",
     )
+    add_budget_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator import analytic
+    from simulator import analytic, budget
+    from simulator.cli.common import enforce_budget
     from simulator.cli.optimize import recommend, render
     from simulator.errors import InputError
     from simulator.montecarlo import simulate
-    from simulator.optimize import optimize_by_simulation
+    from simulator.optimize import _engine, optimize_by_simulation
+    from simulator.outfile import check_output
     from simulator.policies import FixedInterval
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
     if scenario.work_h is None:
         raise InputError(f"scenario {scenario.name!r} has no work_h (hours of compute)")
+    if not scenario.has_mtbf:
+        raise InputError(f"scenario {scenario.name!r} has no failure rate (mtbf_h or gpu_mtbf_h)")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise InputError(f"--out {args.out} is a file; give a folder for the plot")
+    check_output(Path(args.out) / f"{scenario.name}-interval.png")  # before the work
+    tau0 = float(analytic.optimal_interval(scenario.save_stall_s, scenario.system_mtbf_s))
+    est = budget.estimate(scenario, [tau0], args.replicas) + budget.estimate(
+        scenario, budget.search_intervals(scenario), 100, engine=_engine(scenario, "auto")
+    )
+    enforce_budget(args, est)
 
     print("== 1. closed form " + "=" * 60)
     result = recommend(scenario)

@@ -18,7 +18,14 @@ import sys
 import textwrap
 from typing import Any
 
-from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.cli.common import (
+    add_budget_flags,
+    add_scenario_flags,
+    positive_float,
+    positive_int,
+    seed_int,
+)
+from simulator.display import HUGE_HOURS
 from simulator.display import format_duration as fmt_duration
 from simulator.display import format_usd as fmt_usd
 from simulator.errors import InputError
@@ -77,9 +84,7 @@ def register(subparsers) -> None:
     measured.add_argument(
         "--params", type=positive_float("parameters"), metavar="P", help="model size, e.g. 70e9"
     )
-    measured.add_argument(
-        "--format", default="ckptsim", help="format in the profile to use (default ckptsim)"
-    )
+    measured.add_argument("--format", help="format in the profile to use (default ckptsim)")
     sim = parser.add_argument_group(
         "simulation",
         "--simulate also finds the optimum by discrete-event simulation under common random "
@@ -89,7 +94,8 @@ def register(subparsers) -> None:
     sim.add_argument(
         "--replicas", type=positive_int, default=200, help="replicas per candidate (default 200)"
     )
-    sim.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    sim.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
+    add_budget_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -100,9 +106,14 @@ def apply_profile(args: argparse.Namespace, scenario):
     predicted cost as a dict, or the scenario unchanged and None without --profile.
     """
     if not getattr(args, "profile", None):
-        if getattr(args, "params", None) is not None:
-            raise InputError("--params needs --profile FILE (a cost profile from ckptsim bench)")
+        for flag in ("params", "format"):
+            if getattr(args, flag, None) is not None:
+                raise InputError(
+                    f"--{flag.replace('_', '-')} needs --profile FILE (a cost profile from "
+                    "ckptsim bench)"
+                )
         return scenario, None
+    args.format = args.format or "ckptsim"
     if args.params is None:
         raise InputError("--profile needs --params P, the model size in parameters (e.g. 70e9)")
     if args.checkpoint_s is not None:
@@ -189,9 +200,21 @@ def run(args: argparse.Namespace) -> int:
     if measured:
         result["measured_cost"] = measured
     if args.simulate:
+        from simulator import budget
+        from simulator.cli.common import enforce_budget
+        from simulator.engine import choose_engine
         from simulator.optimize import optimize_by_simulation
 
         require_work(scenario, "--simulate")
+        if args.replicas < 2:
+            raise InputError("--simulate needs --replicas 2 or more (the search fits to noise)")
+        est = budget.estimate(
+            scenario,
+            budget.search_intervals(scenario),
+            args.replicas,
+            engine=choose_engine(scenario, "auto"),
+        )
+        enforce_budget(args, est)
         result["simulated"] = optimize_by_simulation(
             scenario, replicas=args.replicas, seed=args.seed
         )
@@ -363,13 +386,26 @@ def _warnings(scenario, delta_s: float, mtbf_s: float) -> list[str]:
     return warnings
 
 
+HOPELESS_WASTE = 0.99
+"""At this waste (wall time 100x the work) no interval is worth recommending."""
+
+
 def _recommendation(result: dict[str, Any]) -> str:
     rows = result["rows"]
     best = next(r for r in rows if r["key"] == "optimal")
+    if not best["waste_fraction"] < HOPELESS_WASTE or not math.isfinite(best["interval_s"]):
+        return (
+            "Recommendation: none. No interval lets this job make progress: even the best "
+            f"wastes {fmt_percent(best['waste_fraction'])} of the time (a save of "
+            f"{fmt_duration(result['checkpoint_s'])} and a restart of "
+            f"{fmt_duration(result['restart_s'])} against a system MTBF of "
+            f"{fmt_duration(result['system_mtbf_s'])}). Make saves and restarts cheaper or "
+            "failures rarer first."
+        )
     money = "usd_lost_per_day" in best
     text = f"Recommendation: save every {fmt_duration(best['interval_s'])} of compute"
     if "steps" in best:
-        text += f" (every {max(1, round(best['steps'])):,} steps)"
+        text += f" (every {_fmt_steps(best['steps'])} steps)"
     text += f": {fmt_percent(best['waste_fraction'])} waste"
     if money:
         text += f", {fmt_usd(best['usd_lost_per_day'])}/day lost"
@@ -377,7 +413,7 @@ def _recommendation(result: dict[str, Any]) -> str:
     closest = min(defaults, key=lambda r: r["waste_fraction"])
     if money and closest["excess_usd_per_day"] >= 0.5:
         excess = f"loses {fmt_usd(closest['excess_usd_per_day'])}/day more"
-    elif "excess_wall_h" in closest and closest["excess_wall_h"] >= 0.05:
+    elif "excess_wall_h" in closest and not closest["excess_wall_h"] < 0.05:
         excess = f"takes {fmt_hours(closest['excess_wall_h'])} longer"
     elif not money and closest["excess_waste_fraction"] >= 5e-5:
         excess = f"wastes {100 * closest['excess_waste_fraction']:.2f} points more"
@@ -391,12 +427,14 @@ _FORMULA_KEYS = ("young", "daly_first_order", "daly", "optimal")
 
 # -- the human table ----------------------------------------------------------------------
 def fmt_percent(fraction: float) -> str:
-    return f"{100 * fraction:.2f}%"
+    return f"{100 * fraction:.2f}%" if math.isfinite(fraction) else "n/a"
 
 
 def fmt_hours(hours: float) -> str:
     if not math.isfinite(hours):
-        return "inf"
+        return "> 1e308 h" if hours > 0 else "n/a"
+    if abs(hours) >= HUGE_HOURS:
+        return f"{hours:.3g} h"
     return f"{hours:,.1f} h" if abs(hours) < 1000 else f"{hours:,.0f} h"
 
 
@@ -441,7 +479,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     columns = [("policy", lambda r: r["label"] + (" *" if r["key"] == "optimal" else ""), "<")]
     columns.append(("interval", lambda r: fmt_duration(r["interval_s"]), ">"))
     if "steps" in first:
-        columns.append(("steps", lambda r: f"{r['steps']:,.0f}", ">"))
+        columns.append(("steps", lambda r: _fmt_steps(r["steps"]), ">"))
     columns.append(("waste", lambda r: fmt_percent(r["waste_fraction"]), ">"))
     if "expected_wall_h" in first:
         columns.append(("expected wall", lambda r: fmt_hours(r["expected_wall_h"]), ">"))
@@ -472,4 +510,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _plus(text: str) -> str:
-    return text if text.startswith("-") or text == "inf" else "+" + text
+    return text if text.startswith(("-", ">", "n/a")) else "+" + text
+
+
+def _fmt_steps(steps: float) -> str:
+    if steps < 1:
+        return "< 1"
+    return f"{round(steps):,}" if steps < 1e9 else f"{steps:.3g}"

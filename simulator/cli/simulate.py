@@ -13,9 +13,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
-from simulator.cli.common import add_scenario_flags, positive_float, positive_int
+from simulator.cli.common import (
+    add_budget_flags,
+    add_scenario_flags,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
 
@@ -72,7 +77,7 @@ def register(subparsers) -> None:
     mc.add_argument(
         "--replicas", type=positive_int, default=100, metavar="N", help="replicas (default 100)"
     )
-    mc.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    mc.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     mc.add_argument(
         "--engine",
         choices=("auto", "des", "fast"),
@@ -81,11 +86,15 @@ def register(subparsers) -> None:
         "only); auto (default): fast where it applies, else des",
     )
     mc.add_argument(
-        "--workers", type=positive_int, metavar="P", help="worker processes (default: all cores)"
+        "--workers",
+        type=positive_int,
+        metavar="P",
+        help="worker processes (default and most: all cores)",
     )
     mc.add_argument("--out", metavar="FILE", help="write per-replica records: .csv or .parquet")
     mc.add_argument("--json", action="store_true", help="print one JSON object instead")
     mc.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_budget_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -100,13 +109,21 @@ def _scenario(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.cli.common import print_json, require_failure_rate, require_work
-    from simulator.engine import simulate
+    from simulator import budget
+    from simulator.cli.common import (
+        enforce_budget,
+        output_path,
+        print_json,
+        require_failure_rate,
+        require_work,
+        workers_for,
+    )
+    from simulator.engine import choose_engine, simulate
     from simulator.policies import make_policy
+    from simulator.results import OUT_SUFFIXES
     from simulator.scenario import DEFAULT_PRESET
 
-    if args.out and Path(args.out).suffix.lower() not in (".csv", ".parquet", ".pq"):
-        raise InputError(f"--out {args.out}: use a .csv or .parquet file name")
+    out = output_path(args, OUT_SUFFIXES)  # before the work, not after it
     scenario, default = _scenario(args)
     require_failure_rate(scenario)
     require_work(scenario)
@@ -117,19 +134,24 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     policy = make_policy(args.policy or "optimal", interval_s=args.interval_s)
+    workers = workers_for(args, args.replicas, "ckptsim simulate")
+    intervals = budget.policy_intervals(scenario, [policy])
+    engine = choose_engine(scenario, args.engine)
+    est = budget.estimate(scenario, intervals, args.replicas, engine=engine, workers=workers)
+    enforce_budget(args, est, workers)
     result = simulate(
         scenario,
         policy,
         replicas=args.replicas,
         seed=args.seed,
         engine=args.engine,
-        workers=args.workers,
+        workers=workers,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
     summary = result.summary()
     summary["interval_s"] = args.interval_s
-    if args.out:
-        summary["out"] = str(result.to_file(args.out))
+    if out is not None:
+        summary["out"] = str(result.to_file(out))
     if args.json:
         print_json(summary)
     else:
