@@ -107,6 +107,12 @@ def _des_replica(scenario: Scenario, policy: Policy, seed, failure_times=None) -
     return row
 
 
+def _des_chunk(task) -> list[tuple[int, int, dict]]:
+    """One worker's share of a DES evaluation: (policy index, replica index, row) triples."""
+    scenario, items, failure_times = task
+    return [(i, r, _des_replica(scenario, pol, s, failure_times)) for i, pol, r, s in items]
+
+
 def evaluate(
     scenario: Scenario,
     policies: Sequence[Policy],
@@ -116,16 +122,20 @@ def evaluate(
     engine: str = "auto",
     process: str = "auto",
     failure_times=None,
+    workers: int | None = 1,
+    bar=None,
 ) -> dict[str, np.ndarray]:
     """Per-replica outcomes of each policy, arrays of shape (policies, replicas).
 
     Replica r uses the same seed for every policy (common random numbers); with the DES it
     is ``montecarlo.replica_seed(seed, r)``. ``failure_times`` replays a trace (see
-    ``montecarlo.simulate``).
+    ``montecarlo.simulate``). On the DES, ``workers`` processes (None: every core) share the
+    (policy, replica) runs, stopped at once by Ctrl-C (``simulator.workers``); ``bar`` (a
+    tqdm bar) advances by one per run. Results do not depend on ``workers``.
     """
     engine = _engine(scenario, engine)
     if engine == "fast":
-        return fastmc.simulate_policies(
+        res = fastmc.simulate_policies(
             scenario,
             policies,
             replicas=replicas,
@@ -133,14 +143,35 @@ def evaluate(
             process=process,
             failure_times=failure_times,
         ).arrays
+        if bar is not None:
+            bar.update(len(policies) * replicas)
+        return res
+    from simulator.workers import run_tasks, worker_count
+
     seeds = fastmc.replica_seeds(seed, replicas)
     out = {k: np.full((len(policies), replicas), np.nan) for k in fastmc.FIELDS}
-    for i, pol in enumerate(policies):
-        for r, s in enumerate(seeds):
-            row = _des_replica(scenario, pol, s, failure_times)
-            for k in fastmc.FIELDS:
-                if k in row:
-                    out[k][i, r] = row[k]
+
+    def store(i: int, r: int, row: dict) -> None:
+        for k in fastmc.FIELDS:
+            if k in row:
+                out[k][i, r] = row[k]
+
+    items = [(i, pol, r, s) for i, pol in enumerate(policies) for r, s in enumerate(seeds)]
+    workers = worker_count(workers, len(items))
+    if workers == 1:
+        for i, pol, r, s in items:
+            store(i, r, _des_replica(scenario, pol, s, failure_times))
+            if bar is not None:
+                bar.update(1)
+        return out
+    # Several chunks per worker keep every core busy and the bar moving.
+    chunks = np.array_split(np.arange(len(items)), min(len(items), workers * 8))
+    tasks = [(scenario, [items[j] for j in c], failure_times) for c in chunks if c.size]
+    for done in run_tasks(_des_chunk, tasks, workers, ordered=False):
+        for i, r, row in done:
+            store(i, r, row)
+        if bar is not None:
+            bar.update(len(done))
     return out
 
 
@@ -194,6 +225,9 @@ class Optimum:
     engine: str
 
 
+_COARSE, _FINE = 13, 9  # candidates of the search's two stages
+
+
 def optimize_parameter(
     scenario: Scenario,
     family: Callable[[float], Policy],
@@ -201,16 +235,20 @@ def optimize_parameter(
     *,
     replicas: int = 200,
     seed=0,
-    coarse: int = 13,
-    fine: int = 9,
+    coarse: int = _COARSE,
+    fine: int = _FINE,
     bootstrap: int = 300,
     level: float = 0.95,
     objective: str = "auto",
     engine: str = "auto",
     process: str = "auto",
     failure_times=None,
+    workers: int | None = 1,
+    bar=None,
 ) -> Optimum:
-    """Minimise the mean objective of ``family(x)`` over x in ``bounds`` (log scale)."""
+    """Minimise the mean objective of ``family(x)`` over x in ``bounds`` (log scale).
+
+    ``workers`` and ``bar`` are passed to :func:`evaluate` (``coarse + fine`` candidates)."""
     lo_b, hi_b = (float(b) for b in bounds)
     if not (0 < lo_b < hi_b and math.isfinite(hi_b)):
         raise InputError(f"search bounds must satisfy 0 < low < high, got {bounds!r}")
@@ -229,6 +267,8 @@ def optimize_parameter(
             engine=engine,
             process=process,
             failure_times=failure_times,
+            workers=workers,
+            bar=bar,
         )
         return out[key]
 
@@ -312,6 +352,8 @@ def optimize_by_simulation(
     bootstrap: int = 300,
     failure_times=None,
     baselines: Sequence[str] = BASELINES,
+    workers: int | None = 1,
+    progress: bool = False,
 ) -> dict:
     """The interval of least expected cost, with its CI, and every baseline's paired excess.
 
@@ -320,35 +362,46 @@ def optimize_by_simulation(
     Returns a JSON-ready dict: ``interval_s`` and ``interval_ci_s``, the search ``grid``,
     and under ``policies`` each baseline's mean objective and its excess over the optimum
     (mean and CI, in the objective's unit and in percent), all measured on fresh seeds.
+    On the DES the runs share ``workers`` processes (None: every core; the answer does not
+    depend on it), and ``progress`` shows one bar over every run of the search and check.
     """
+    from tqdm.auto import tqdm
+
     anchor = float(analytic.optimal_interval(scenario.save_stall_s, scenario.system_mtbf_s))
     bounds = search_bounds(scenario)
+    extra = {"adaptive": Adaptive()} if adaptive else None
+    checks = len(_baselines(anchor, baselines, extra))  # a bad name fails now, not after the search
     root = np.random.SeedSequence(seed)
     search_ss, check_ss = root.spawn(2)
-    opt = optimize_parameter(
-        scenario,
-        FixedInterval,
-        bounds,
-        replicas=replicas,
-        seed=search_ss,
-        bootstrap=bootstrap,
-        level=level,
-        objective=objective,
-        engine=engine,
-        process=process,
-        failure_times=failure_times,
-    )
-    extra = {"adaptive": Adaptive()} if adaptive else None
-    pols = _baselines(opt.value, baselines, extra)
-    out = evaluate(
-        scenario,
-        list(pols.values()),
-        replicas=replicas,
-        seed=check_ss,
-        engine=opt.engine,
-        process=process,
-        failure_times=failure_times,
-    )
+    total = (_COARSE + _FINE + checks) * replicas
+    with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
+        opt = optimize_parameter(
+            scenario,
+            FixedInterval,
+            bounds,
+            replicas=replicas,
+            seed=search_ss,
+            bootstrap=bootstrap,
+            level=level,
+            objective=objective,
+            engine=engine,
+            process=process,
+            failure_times=failure_times,
+            workers=workers,
+            bar=bar,
+        )
+        pols = _baselines(opt.value, baselines, extra)
+        out = evaluate(
+            scenario,
+            list(pols.values()),
+            replicas=replicas,
+            seed=check_ss,
+            engine=opt.engine,
+            process=process,
+            failure_times=failure_times,
+            workers=workers,
+            bar=bar,
+        )
     y = out[opt.objective]
     ref = y[0]
     report = {}

@@ -276,3 +276,12 @@ def test_an_asynchronous_save_from_flags_stalls_for_its_staging_copy(capsys):
     )  # fmt: skip
     assert got["checkpoint_s"] == pytest.approx(1e12 / 1e10)  # 8 nodes x 2 GB/s > the 10 GB/s cap
     assert got["restart_s"] == pytest.approx(300 + 1e12 / 4e10)
+
+
+def test_simulate_on_the_des_in_two_worker_processes_gives_the_one_process_answer(capsys):
+    # An asynchronous save needs the DES, whose runs --workers spreads over processes.
+    job = ["--mtbf-h", "3", "--checkpoint-s", "120", "--staging-s", "5", "--restart-s", "300",
+           "--work-h", "10", "--simulate", "--replicas", "4", "--no-progress"]  # fmt: skip
+    one, _ = run_json(capsys, *job, "--workers", "1")
+    two, _ = run_json(capsys, *job, "--workers", "2")
+    assert two["simulated"] == one["simulated"] and one["simulated"]["engine"] == "des"

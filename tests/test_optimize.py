@@ -96,3 +96,32 @@ def test_with_node_failures_the_closed_form_interval_is_the_simulated_optimum():
         analytic.young_interval(60.0, s.system_mtbf_s)
     )
     assert optimize._first_interval(optimize.Adaptive(), s) == pytest.approx(closed, rel=1e-6)
+
+
+def test_des_evaluation_in_worker_processes_gives_the_serial_answer_and_counts_every_run():
+    class Bar:  # what evaluate needs of a tqdm bar
+        n = 0
+
+        def update(self, k):
+            self.n += k
+
+    # Async saves need the DES; 2 policies x 6 replicas split across two processes.
+    s = Scenario(mtbf_h=2.0, checkpoint_s=120.0, restart_s=300.0, work_h=6.0,
+                 async_checkpoint=True, staging_s=10.0)  # fmt: skip
+    pols = [FixedInterval(900.0), FixedInterval(2400.0)]
+    serial = optimize.evaluate(s, pols, replicas=6, seed=4, engine="des", workers=1)
+    bar = Bar()
+    parallel = optimize.evaluate(s, pols, replicas=6, seed=4, engine="des", workers=2, bar=bar)
+    assert bar.n == 12
+    for key in ("wall_s", "lost_s", "checkpoints", "failures"):
+        np.testing.assert_array_equal(parallel[key], serial[key])
+    assert not np.isnan(parallel["wall_s"]).any()
+
+
+def test_a_bad_baseline_name_fails_before_the_search_runs(monkeypatch):
+    ran = []
+    monkeypatch.setattr(optimize, "optimize_parameter", lambda *a, **k: ran.append(1))
+    s = Scenario(mtbf_h=2.0, checkpoint_s=60.0, restart_s=300.0, work_h=6.0)
+    with pytest.raises(InputError, match="unknown baseline 'yung'"):
+        optimize.optimize_by_simulation(s, replicas=4, baselines=["yung"])
+    assert not ran

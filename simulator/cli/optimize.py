@@ -95,6 +95,13 @@ def register(subparsers) -> None:
         "--replicas", type=positive_int, default=200, help="replicas per candidate (default 200)"
     )
     sim.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
+    sim.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="P",
+        help="worker processes for the DES (default and most: all cores; same answer for any P)",
+    )
+    sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_budget_flags(parser)
     parser.set_defaults(func=run)
 
@@ -201,22 +208,29 @@ def run(args: argparse.Namespace) -> int:
         result["measured_cost"] = measured
     if args.simulate:
         from simulator import budget
-        from simulator.cli.common import enforce_budget
+        from simulator.cli.common import enforce_budget, workers_for
         from simulator.engine import choose_engine
         from simulator.optimize import optimize_by_simulation
 
         require_work(scenario, "--simulate")
         if args.replicas < 2:
             raise InputError("--simulate needs --replicas 2 or more (the search fits to noise)")
+        engine = choose_engine(scenario, "auto")
+        workers = 1 if engine == "fast" else workers_for(args, args.replicas, "ckptsim optimize")
         est = budget.estimate(
             scenario,
             budget.search_intervals(scenario),
             args.replicas,
-            engine=choose_engine(scenario, "auto"),
+            engine=engine,
+            workers=workers,
         )
-        enforce_budget(args, est)
+        enforce_budget(args, est, workers)
         result["simulated"] = optimize_by_simulation(
-            scenario, replicas=args.replicas, seed=args.seed
+            scenario,
+            replicas=args.replicas,
+            seed=args.seed,
+            workers=workers,
+            progress=not args.no_progress and sys.stderr.isatty(),
         )
         result["simulated_interval_s"] = result["simulated"]["interval_s"]
     if args.json:
