@@ -235,10 +235,13 @@ def search_intervals(scenario: Scenario, *, baselines: int = 8) -> list[float]:
     """The intervals ``optimize.optimize_parameter`` tries (13 coarse, 9 fine) and the
     baselines ``optimize_by_simulation`` then checks, for its estimate."""
     from simulator.optimize import search_bounds
+    from simulator.policies import USUAL_INTERVALS
 
     lo, hi = search_bounds(scenario)
     anchor = float(analytic.optimal_interval(scenario.save_stall_s, scenario.system_mtbf_s))
     coarse = list(np.geomspace(lo, hi, 13))
     fine = [min(max(anchor, lo), hi)] * 9
-    checks = [anchor] * max(0, baselines - 3) + [1800.0, 3600.0, 10800.0][: max(0, baselines)]
+    checks = [anchor] * max(0, baselines - 3) + [u.interval_s for u in USUAL_INTERVALS][
+        : max(0, baselines)
+    ]
     return coarse + fine + checks

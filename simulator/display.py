@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["HUGE_HOURS", "HUGE_USD", "format_duration", "format_usd"]
+__all__ = [
+    "HUGE_HOURS",
+    "HUGE_USD",
+    "format_duration",
+    "format_hours",
+    "format_percent",
+    "format_steps",
+    "format_usd",
+]
 
 # Beyond these, numbers print in scientific notation: 1.8e+296 h, not 300 digits of commas.
 HUGE_HOURS = 1e7
@@ -55,3 +63,25 @@ def format_duration(seconds: float) -> str:
         return f"{seconds / 3600:.2f} h"
     hours = seconds / 3600
     return f"{hours:.3g} h" if hours >= HUGE_HOURS else f"{hours:,.0f} h"
+
+
+def format_hours(hours: float) -> str:
+    """Hours of wall time: ``12.5 h``, ``2,000 h``; ``3e+11 h`` past ten million hours."""
+    hours = float(hours)
+    if not math.isfinite(hours):
+        return "> 1e308 h" if hours > 0 else "n/a"
+    if abs(hours) >= HUGE_HOURS:
+        return f"{hours:.3g} h"
+    return f"{hours:,.1f} h" if abs(hours) < 1000 else f"{hours:,.0f} h"
+
+
+def format_percent(fraction: float) -> str:
+    """A fraction as a percentage with two decimals: ``14.70%``; ``n/a`` when not finite."""
+    return f"{100 * fraction:.2f}%" if math.isfinite(fraction) else "n/a"
+
+
+def format_steps(steps: float) -> str:
+    """A number of training steps: ``1,250``; ``< 1`` for a fraction of one."""
+    if steps < 1:
+        return "< 1"
+    return f"{round(steps):,}" if steps < 1e9 else f"{steps:.3g}"

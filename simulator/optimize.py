@@ -35,6 +35,7 @@ from scipy import optimize, stats
 from simulator import analytic, fastmc
 from simulator.errors import InputError
 from simulator.policies import (
+    USUAL_INTERVALS,
     Adaptive,
     Daly,
     ExactOptimal,
@@ -58,8 +59,8 @@ __all__ = [
     "search_bounds",
 ]
 
-DEFAULT_INTERVALS_S = {"fixed-30min": 1800.0, "fixed-1h": 3600.0, "fixed-3h": 10800.0}
-"""The intervals people pick without a model."""
+DEFAULT_INTERVALS_S = {u.name: u.interval_s for u in USUAL_INTERVALS}
+"""The intervals people pick without a model, by baseline name (``policies.USUAL_INTERVALS``)."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy as np
 from simulator import analytic
 from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
+from simulator.policies import USUAL_INTERVALS
 
 __all__ = [
     "DEFAULT_MARKS_S",
@@ -39,7 +40,7 @@ __all__ = [
     "tornado",
 ]
 
-DEFAULT_MARKS_S = {"30 min": 1800.0, "1 h": 3600.0, "3 h": 10800.0}
+DEFAULT_MARKS_S = {u.short: u.interval_s for u in USUAL_INTERVALS}
 BUCKETS = (
     ("useful_h", "useful"),
     ("checkpoint_h", "checkpointing"),

@@ -30,16 +30,42 @@ if TYPE_CHECKING:
 
 __all__ = [
     "POLICY_NAMES",
+    "USUAL_INTERVALS",
+    "USUAL_STEPS",
     "Adaptive",
     "Daly",
     "ExactOptimal",
     "FixedInterval",
     "Policy",
     "PolicyContext",
+    "UsualDefault",
     "Young",
     "make_policy",
     "optimal_fraction",
 ]
+
+
+@dataclass(frozen=True)
+class UsualDefault:
+    """An interval people configure without a model (a wall-clock timer)."""
+
+    name: str
+    """Its policy name among the baselines (``fixed-1h``)."""
+    label: str
+    """How a table says it (``hourly``)."""
+    short: str
+    """How a figure's mark says it (``1 h``)."""
+    interval_s: float
+
+
+USUAL_INTERVALS = (
+    UsualDefault("fixed-30min", "every 30 min", "30 min", 1800.0),
+    UsualDefault("fixed-1h", "hourly", "1 h", 3600.0),
+    UsualDefault("fixed-3h", "every 3 h", "3 h", 10800.0),
+)
+"""The timers every comparison (optimize's table, the baselines, the figures' marks) shows."""
+USUAL_STEPS = (500, 1000)
+"""The step counts people configure (every 500 / 1000 steps), shown when a step time is known."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ import pytest
 
 from simulator import analytic
 from simulator.cli import main
-from simulator.cli.optimize import recommend, render
+from simulator.cli.optimize import render
+from simulator.recommend import recommend
 from simulator.scenario import load_scenario
 
 HOUR = 3600.0

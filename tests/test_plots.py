@@ -157,3 +157,13 @@ def test_cli_plot_from_flags_alone_draws_that_job_not_the_default_preset(tmp_pat
     svg = (tmp_path / "flags.svg").read_text()
     assert "<!-- command-line: waste against interval -->" in svg
     assert "llama3" not in svg
+
+
+def test_the_plot_commands_default_policies_are_the_usual_intervals_defined_once():
+    # The CLI spells them out so `ckptsim --help` need not import numpy; they must not drift.
+    from simulator.cli import build_parser
+    from simulator.policies import USUAL_INTERVALS
+
+    args = build_parser().parse_args(["plot", "breakdown", "--out", "x"])
+    fixed = [float(p.split(":")[1]) for p in args.policies.split(",") if p.startswith("fixed:")]
+    assert fixed == [u.interval_s for u in USUAL_INTERVALS]

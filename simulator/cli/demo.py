@@ -48,12 +48,13 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from simulator import analytic, budget
     from simulator.cli.common import enforce_budget
-    from simulator.cli.optimize import recommend, render
+    from simulator.cli.optimize import render
     from simulator.errors import InputError
     from simulator.montecarlo import simulate
     from simulator.optimize import _engine, optimize_by_simulation
     from simulator.outfile import check_output
-    from simulator.policies import FixedInterval
+    from simulator.policies import USUAL_INTERVALS, FixedInterval
+    from simulator.recommend import recommend
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
@@ -108,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         f"{ci_hi / 60:.1f} min) vs exact closed form {tau / 60:.1f} min "
         f"({opt['engine']} engine, {opt['replicas']} replicas)"
     )
-    for name, label in (("fixed-30min", "30 min"), ("fixed-1h", "hour"), ("fixed-3h", "3 h")):
+    for usual in USUAL_INTERVALS:
+        name, label = usual.name, usual.short
         entry = opt["policies"].get(name)
         if entry:
             print(

@@ -4,8 +4,9 @@ For exponential failures with system MTBF M, save cost δ and restart cost R, Da
 wall time T_w(τ) is exact, so its minimiser τ* (Lambert W) is the best fixed interval. The
 command sets Young's, Daly's first- and higher-order estimates and the usual defaults (every
 30 min, hourly, every 3 h, every 500/1000 steps) beside τ*, with their waste, expected wall
-time and money lost per day. ``recommend`` builds the result (the dict ``--json`` prints) and
-``render`` the human table, so ``ckptsim demo`` reuses both.
+time and money lost per day. ``simulator.recommend.recommend`` builds the result (the dict
+``--json`` prints); this module only parses the flags and ``render``s the human table, which
+``ckptsim demo`` reuses.
 
 An interval here is compute time between saves (τ); each save stalls training for δ on top.
 """
@@ -13,7 +14,6 @@ An interval here is compute time between saves (τ); each save stalls training f
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import textwrap
 from typing import Any
@@ -25,9 +25,13 @@ from simulator.cli.common import (
     positive_int,
     seed_int,
 )
-from simulator.display import HUGE_HOURS
-from simulator.display import format_duration as fmt_duration
-from simulator.display import format_usd as fmt_usd
+from simulator.display import (
+    format_duration,
+    format_hours,
+    format_percent,
+    format_steps,
+    format_usd,
+)
 from simulator.errors import InputError
 
 DESCRIPTION = """\
@@ -50,12 +54,6 @@ examples:
 
 Intervals are compute time between saves; every save stalls training for --checkpoint-s.
 Presets: llama3, opt175b, bloom176b (simulator/presets/*.toml, with their sources)."""
-
-HOUR = 3600.0
-
-# The defaults people actually configure: wall-clock timers and step counts.
-TIMED_DEFAULTS = (("every 30 min", 1800.0), ("hourly", 3600.0), ("every 3 h", 3 * 3600.0))
-STEP_DEFAULTS = (500, 1000)
 
 
 def register(subparsers) -> None:
@@ -162,16 +160,6 @@ def apply_profile(args: argparse.Namespace, scenario):
     return scenario, info
 
 
-def scenario_stall_s(scenario) -> float:
-    """δ from a scenario: the staging copy of an async save, else the write (or checkpoint_s)."""
-    return float(getattr(scenario, "save_stall_s", scenario.checkpoint_s))
-
-
-def scenario_recovery_s(scenario) -> float:
-    """R from a scenario: detection + restart + checkpoint load + warm-up, seconds."""
-    return float(getattr(scenario, "recovery_s", scenario.restart_s))
-
-
 def run(args: argparse.Namespace) -> int:
     from simulator.cli.common import (
         print_json,
@@ -202,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
     scenario, measured = apply_profile(args, scenario)
     # The flags are in the scenario already: δ follows its one rule (staging copy if async,
     # else the write time from bytes and bandwidths, else checkpoint_s), as in the simulators.
+    from simulator.recommend import recommend, scenario_stall_s
+
     delta_s = scenario_stall_s(scenario)
     result = recommend(scenario, step_s=args.step_s, checkpoint_s=delta_s, source=source)
     if measured:
@@ -257,201 +247,21 @@ def render_simulated(sim: dict[str, Any], closed_form_s: float) -> str:
         "",
         f"by simulation ({sim['engine']} engine, {sim['replicas']} replicas per candidate, "
         f"common random numbers; objective {sim['objective']}):",
-        f"  optimum {fmt_duration(sim['interval_s'])} (95% CI {fmt_duration(lo)} to "
-        f"{fmt_duration(hi)}); closed form {fmt_duration(closed_form_s)}",
+        f"  optimum {format_duration(sim['interval_s'])} (95% CI {format_duration(lo)} to "
+        f"{format_duration(hi)}); closed form {format_duration(closed_form_s)}",
     ]
     for name, entry in sim["policies"].items():
         if name == "optimum":
             continue
         lines.append(
-            f"  {name:<18} {fmt_duration(entry['interval_s']):>9}  {entry['excess_pct']:+7.2f}% "
+            f"  {name:<18} {format_duration(entry['interval_s']):>9}  {entry['excess_pct']:+7.2f}% "
             f"(95% CI {entry['excess_pct_lo']:+.2f}% to {entry['excess_pct_hi']:+.2f}%)"
         )
     return "\n".join(lines)
 
 
 # -- the result ---------------------------------------------------------------------------
-def recommend(
-    scenario,
-    step_s: float | None = None,
-    *,
-    checkpoint_s: float | None = None,
-    source: str | None = None,
-) -> dict[str, Any]:
-    """Closed-form intervals, usual defaults and their costs for ``scenario`` (a dict).
-
-    ``step_s`` (seconds per training step) adds the every-500/1000-steps defaults and step
-    counts; ``checkpoint_s`` replaces the scenario's save stall δ (a measured cost);
-    ``source`` says where the scenario came from. Money needs ``gpus`` and
-    ``usd_per_gpu_hour``; expected wall time needs ``work_h``.
-    """
-    from simulator import analytic, cost
-
-    if step_s is not None and not (math.isfinite(step_s) and step_s > 0):
-        raise InputError(f"step_s must be a positive number of seconds, got {step_s!r}")
-    if checkpoint_s is not None and not (math.isfinite(checkpoint_s) and checkpoint_s > 0):
-        raise InputError(f"checkpoint_s must be a positive number of seconds, got {checkpoint_s!r}")
-    mtbf_s = scenario.system_mtbf_s
-    delta_s = scenario_stall_s(scenario) if checkpoint_s is None else float(checkpoint_s)
-    restart_s = scenario_recovery_s(scenario)
-    work_h, gpus, price = scenario.work_h, scenario.gpus, scenario.usd_per_gpu_hour
-    money = gpus is not None and price is not None
-
-    candidates = [
-        ("young", "Young (1974)", analytic.young_interval(delta_s, mtbf_s)),
-        (
-            "daly_first_order",
-            "Daly first order",
-            analytic.daly_first_order_interval(delta_s, mtbf_s, restart_s),
-        ),
-        ("daly", "Daly higher order", analytic.daly_interval(delta_s, mtbf_s)),
-        ("optimal", "exact optimum", analytic.optimal_interval(delta_s, mtbf_s)),
-    ]
-    candidates += [(label.replace(" ", "_"), label, s) for label, s in TIMED_DEFAULTS]
-    if step_s is not None:
-        candidates += [(f"every_{n}_steps", f"every {n} steps", n * step_s) for n in STEP_DEFAULTS]
-
-    def evaluate(key, label, interval_s):
-        waste = float(analytic.waste_fraction(interval_s, delta_s, mtbf_s, restart_s))
-        row = {"key": key, "label": label, "interval_s": float(interval_s), "waste_fraction": waste}
-        if step_s is not None:
-            row["steps"] = interval_s / step_s
-        if work_h is not None:
-            row["expected_wall_h"] = float(
-                cost.expected_wall_h(interval_s, delta_s, mtbf_s, restart_s, work_h)
-            )
-        if money:
-            row["usd_lost_per_day"] = float(cost.usd_lost_per_day(gpus, price, waste))
-        return row
-
-    rows = [evaluate(*c) for c in candidates]
-    best = next(r for r in rows if r["key"] == "optimal")
-    # Nothing beats the exact optimum; a negative excess could only be float rounding.
-    for row in rows:
-        row["excess_waste_fraction"] = max(0.0, row["waste_fraction"] - best["waste_fraction"])
-        if work_h is not None:
-            row["excess_wall_h"] = max(0.0, row["expected_wall_h"] - best["expected_wall_h"])
-        if money:
-            excess = row["usd_lost_per_day"] - best["usd_lost_per_day"]
-            row["excess_usd_per_day"] = max(0.0, excess)
-
-    by_key = {r["key"]: r for r in rows}
-    result: dict[str, Any] = {
-        "scenario": scenario.to_dict(),
-        "scenario_source": source,
-        "failure": scenario.failure,
-        "gpus": gpus,
-        "system_mtbf_s": mtbf_s,
-        "system_mtbf_h": mtbf_s / HOUR,
-        "checkpoint_s": delta_s,
-        "restart_s": restart_s,
-        "step_s": step_s,
-        "young_interval_s": by_key["young"]["interval_s"],
-        "daly_first_order_interval_s": by_key["daly_first_order"]["interval_s"],
-        "daly_interval_s": by_key["daly"]["interval_s"],
-        "optimal_interval_s": best["interval_s"],
-        "optimal_waste_fraction": best["waste_fraction"],
-    }
-    if work_h is not None:
-        result["work_h"] = work_h
-        result["expected_wall_h"] = best["expected_wall_h"]
-    if money:
-        day = cost.daily_cost(
-            gpus=gpus,
-            usd_per_gpu_hour=price,
-            waste_fraction=best["waste_fraction"],
-            checkpoint_bytes=scenario.checkpoint_bytes,
-            checkpoints_retained=scenario.checkpoints_retained,
-            usd_per_gb_month=scenario.usd_per_gb_month,
-        )
-        result["usd_per_gpu_hour"] = price
-        result["ideal_usd_per_day"] = day.ideal_usd
-        result["usd_lost_per_day"] = day.lost_usd
-        result["storage_usd_per_day"] = day.storage_usd
-        if work_h is not None:
-            job = cost.job_cost(
-                gpus=gpus,
-                usd_per_gpu_hour=price,
-                work_h=work_h,
-                expected_wall_h=best["expected_wall_h"],
-                storage_usd_per_day=day.storage_usd,
-            )
-            result["ideal_job_usd"] = job.ideal_usd
-            result["expected_job_usd"] = job.expected_usd
-    result["rows"] = rows
-    result["warnings"] = _warnings(scenario, delta_s, mtbf_s)
-    result["recommendation"] = _recommendation(result)
-    return result
-
-
-def _warnings(scenario, delta_s: float, mtbf_s: float) -> list[str]:
-    warnings = []
-    if delta_s >= mtbf_s:
-        branch = " (Daly's τ = M branch)" if delta_s >= 2 * mtbf_s else ""
-        warnings.append(
-            f"checkpointing cannot keep up: a save ({fmt_duration(delta_s)}) outlasts the "
-            f"system MTBF ({fmt_duration(mtbf_s)}){branch}; make saves cheaper first"
-        )
-    if not scenario.failure.strip().lower().startswith("exponential"):
-        warnings.append(
-            f"the closed forms assume exponential failures; {scenario.failure} enters only "
-            "through its mean (system MTBF) — check with `ckptsim simulate`"
-        )
-    return warnings
-
-
-HOPELESS_WASTE = 0.99
-"""At this waste (wall time 100x the work) no interval is worth recommending."""
-
-
-def _recommendation(result: dict[str, Any]) -> str:
-    rows = result["rows"]
-    best = next(r for r in rows if r["key"] == "optimal")
-    if not best["waste_fraction"] < HOPELESS_WASTE or not math.isfinite(best["interval_s"]):
-        return (
-            "Recommendation: none. No interval lets this job make progress: even the best "
-            f"wastes {fmt_percent(best['waste_fraction'])} of the time (a save of "
-            f"{fmt_duration(result['checkpoint_s'])} and a restart of "
-            f"{fmt_duration(result['restart_s'])} against a system MTBF of "
-            f"{fmt_duration(result['system_mtbf_s'])}). Make saves and restarts cheaper or "
-            "failures rarer first."
-        )
-    money = "usd_lost_per_day" in best
-    text = f"Recommendation: save every {fmt_duration(best['interval_s'])} of compute"
-    if "steps" in best:
-        text += f" (every {_fmt_steps(best['steps'])} steps)"
-    text += f": {fmt_percent(best['waste_fraction'])} waste"
-    if money:
-        text += f", {fmt_usd(best['usd_lost_per_day'])}/day lost"
-    defaults = [r for r in rows if r["key"] not in _FORMULA_KEYS]
-    closest = min(defaults, key=lambda r: r["waste_fraction"])
-    if money and closest["excess_usd_per_day"] >= 0.5:
-        excess = f"loses {fmt_usd(closest['excess_usd_per_day'])}/day more"
-    elif "excess_wall_h" in closest and not closest["excess_wall_h"] < 0.05:
-        excess = f"takes {fmt_hours(closest['excess_wall_h'])} longer"
-    elif not money and closest["excess_waste_fraction"] >= 5e-5:
-        excess = f"wastes {100 * closest['excess_waste_fraction']:.2f} points more"
-    else:
-        excess = "is as good"
-    return f"{text}; the best usual default ({closest['label']}) {excess}."
-
-
-_FORMULA_KEYS = ("young", "daly_first_order", "daly", "optimal")
-
-
 # -- the human table ----------------------------------------------------------------------
-def fmt_percent(fraction: float) -> str:
-    return f"{100 * fraction:.2f}%" if math.isfinite(fraction) else "n/a"
-
-
-def fmt_hours(hours: float) -> str:
-    if not math.isfinite(hours):
-        return "> 1e308 h" if hours > 0 else "n/a"
-    if abs(hours) >= HUGE_HOURS:
-        return f"{hours:.3g} h"
-    return f"{hours:,.1f} h" if abs(hours) < 1000 else f"{hours:,.0f} h"
-
-
 def render(result: dict[str, Any], width: int = 100) -> str:
     """The human report for a ``recommend`` result: header, table, recommendation."""
     s = result["scenario"]
@@ -461,8 +271,8 @@ def render(result: dict[str, Any], width: int = 100) -> str:
     if "node_mtbf_h" in s:
         parts.append(f"per node {s['node_mtbf_h']:,.0f} h")
     per_gpu = f" ({', '.join(parts)})" if parts else ""
-    costs = f"save δ {fmt_duration(result['checkpoint_s'])}, restart R "
-    costs += fmt_duration(result["restart_s"])
+    costs = f"save δ {format_duration(result['checkpoint_s'])}, restart R "
+    costs += format_duration(result["restart_s"])
     if result["restart_s"] != s.get("restart_s", result["restart_s"]):
         costs += " (detection + restart + load + warm-up)"
     if "work_h" in result:
@@ -478,7 +288,7 @@ def render(result: dict[str, Any], width: int = 100) -> str:
     lines = [
         f"ckptsim optimize: {title}",
         f"  cluster  {cluster}{result['failure']} failures, system MTBF "
-        f"{fmt_duration(result['system_mtbf_s'])}{per_gpu}",
+        f"{format_duration(result['system_mtbf_s'])}{per_gpu}",
         f"  costs    {costs}",
     ]
     for warning in result["warnings"]:
@@ -489,19 +299,23 @@ def render(result: dict[str, Any], width: int = 100) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
+    from simulator.recommend import FORMULA_KEYS
+
     first = rows[0]
     columns = [("policy", lambda r: r["label"] + (" *" if r["key"] == "optimal" else ""), "<")]
-    columns.append(("interval", lambda r: fmt_duration(r["interval_s"]), ">"))
+    columns.append(("interval", lambda r: format_duration(r["interval_s"]), ">"))
     if "steps" in first:
-        columns.append(("steps", lambda r: _fmt_steps(r["steps"]), ">"))
-    columns.append(("waste", lambda r: fmt_percent(r["waste_fraction"]), ">"))
+        columns.append(("steps", lambda r: format_steps(r["steps"]), ">"))
+    columns.append(("waste", lambda r: format_percent(r["waste_fraction"]), ">"))
     if "expected_wall_h" in first:
-        columns.append(("expected wall", lambda r: fmt_hours(r["expected_wall_h"]), ">"))
+        columns.append(("expected wall", lambda r: format_hours(r["expected_wall_h"]), ">"))
     if "usd_lost_per_day" in first:
-        columns.append(("lost per day", lambda r: fmt_usd(r["usd_lost_per_day"]), ">"))
-        columns.append(("excess per day", lambda r: _plus(fmt_usd(r["excess_usd_per_day"])), ">"))
+        columns.append(("lost per day", lambda r: format_usd(r["usd_lost_per_day"]), ">"))
+        columns.append(
+            ("excess per day", lambda r: _plus(format_usd(r["excess_usd_per_day"])), ">")
+        )
     elif "expected_wall_h" in first:
-        columns.append(("excess wall", lambda r: _plus(fmt_hours(r["excess_wall_h"])), ">"))
+        columns.append(("excess wall", lambda r: _plus(format_hours(r["excess_wall_h"])), ">"))
     else:
         columns.append(
             ("excess waste", lambda r: f"+{100 * r['excess_waste_fraction']:.2f} pts", ">")
@@ -516,7 +330,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
     out = [line([h for h, _, _ in columns]), line(["-" * w for w in widths])]
     for i, row in enumerate(rows):
-        if i and row["key"] not in _FORMULA_KEYS and rows[i - 1]["key"] in _FORMULA_KEYS:
+        if i and row["key"] not in FORMULA_KEYS and rows[i - 1]["key"] in FORMULA_KEYS:
             out.append("")  # closed forms above, the usual defaults below
         out.append(line(cells[i]).rstrip())
     out.append("* minimises Daly's expected wall time exactly (Lambert W)")
@@ -525,9 +339,3 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def _plus(text: str) -> str:
     return text if text.startswith(("-", ">", "n/a")) else "+" + text
-
-
-def _fmt_steps(steps: float) -> str:
-    if steps < 1:
-        return "< 1"
-    return f"{round(steps):,}" if steps < 1e9 else f"{steps:.3g}"
