@@ -42,6 +42,10 @@ examples:
   ckptsim simulate --gpus 1024 --gpu-mtbf-h 50000 --checkpoint-s 90 --restart-s 900 \\
       --work-h 720 --interval-s 3600 --spares 2 --repair-h 24 --out runs.parquet
 
+  ckptsim simulate --gpus 4096 --gpu-mtbf-h 50000 --checkpoint-s 60 --restart-s 600 \
+      --work-h 500 --trace my-failures.csv --time-column failed_at --trace-start random
+      replay a real failure log (timestamps, or numbers with --unit) instead of a model
+
 Replicas run in parallel on all cores and are reproducible from --seed on any core count.
 Intervals are compute time between saves; --out writes one row per replica (.csv/.parquet)."""
 
@@ -72,6 +76,33 @@ def register(subparsers) -> None:
         type=positive_float("seconds"),
         metavar="S",
         help="save every S seconds of compute instead of a policy",
+    )
+    tr = parser.add_argument_group(
+        "trace replay",
+        "--trace replays the failure times of a log (CSV or Parquet, one failure per row)\n"
+        "instead of drawing them from the failure model: a replica meets exactly the log's\n"
+        "failures within its wall time. Numbers are times since the job's start; with\n"
+        "timestamps the job starts at the first. Without a failure rate, the log's gives the\n"
+        "policy its MTBF (span / failures).",
+    )
+    tr.add_argument("--trace", metavar="FILE", help="failure log to replay")
+    tr.add_argument(
+        "--time-column",
+        metavar="C",
+        help="column of failure times (default: the only column, or one named time/timestamp)",
+    )
+    tr.add_argument(
+        "--unit",
+        choices=("s", "min", "h", "d"),
+        default="s",
+        help="unit of numeric failure times (default s; timestamps are parsed as dates)",
+    )
+    tr.add_argument(
+        "--trace-start",
+        choices=("first", "random"),
+        default="first",
+        help="first (default): every replica replays the log from its start; random: each "
+        "from its own uniform start within the log (so replicas differ)",
     )
     mc = parser.add_argument_group("Monte Carlo and output")
     mc.add_argument(
@@ -108,6 +139,25 @@ def _scenario(args: argparse.Namespace):
     return scenario_from_args(args), uses_default_preset(args)
 
 
+def _trace(args: argparse.Namespace, scenario):
+    """The replayed failure times (None without --trace) and the scenario they run against."""
+    if args.trace is None:
+        for flag in ("time_column",):
+            if getattr(args, flag) is not None:
+                raise InputError(f"--{flag.replace('_', '-')} needs --trace FILE")
+        if args.unit != "s" or args.trace_start != "first":
+            raise InputError("--unit and --trace-start need --trace FILE")
+        return None, scenario
+    from simulator.trace import TraceStart, read_trace, trace_mtbf_s
+
+    times = read_trace(args.trace, time_column=args.time_column, unit=args.unit)
+    if not scenario.has_mtbf:
+        scenario = scenario.with_overrides(mtbf_h=trace_mtbf_s(times) / 3600.0)
+    if args.trace_start == "random":
+        return TraceStart(times, keep_s=(scenario.work_s or 0.0)), scenario
+    return times, scenario
+
+
 def run(args: argparse.Namespace) -> int:
     from simulator import budget
     from simulator.cli.common import (
@@ -125,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = output_path(args, OUT_SUFFIXES)  # before the work, not after it
     scenario, default = _scenario(args)
+    failure_times, scenario = _trace(args, scenario)
     require_failure_rate(scenario)
     require_work(scenario)
     if default:
@@ -147,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         workers=workers,
         progress=not args.no_progress and sys.stderr.isatty(),
+        failure_times=failure_times,
     )
     summary = result.summary()
     summary["interval_s"] = args.interval_s

@@ -1,0 +1,112 @@
+"""`ckptsim simulate --trace FILE`: a user's failure log replayed against the job."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+from simulator.errors import InputError
+from simulator.trace import TraceStart, read_trace
+
+JOB = ["--checkpoint-s", "60", "--restart-s", "600", "--work-h", "200", "--no-progress"]
+
+
+def run_cli(capsys, *argv):
+    try:
+        code = main(["simulate", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def gaps_h():
+    return np.random.default_rng(7).exponential(3.0, 300)  # ~900 h of failures, MTBF 3 h
+
+
+def test_numbers_are_times_since_the_start_and_timestamps_start_at_the_first(tmp_path, gaps_h):
+    t_h = np.cumsum(gaps_h)
+    numbers = tmp_path / "hours.csv"
+    pd.DataFrame({"t_h": t_h[::-1]}).to_csv(numbers, index=False)  # unsorted on purpose
+    np.testing.assert_allclose(read_trace(numbers, unit="h"), t_h * 3600)
+    stamps = tmp_path / "log.csv"
+    start = pd.Timestamp("2024-03-01T00:00:00Z")
+    when = [start, *(start + pd.to_timedelta(t_h, unit="h"))]
+    pd.DataFrame({"node": range(len(when)), "failed_at": when}).to_csv(stamps, index=False)
+    got = read_trace(stamps, time_column="failed_at")
+    np.testing.assert_allclose(got, t_h * 3600, rtol=0, atol=1e-3)  # the first row is the start
+
+
+def test_a_replica_meets_exactly_the_logs_failures_within_its_wall_time(capsys, tmp_path, gaps_h):
+    path = tmp_path / "f.csv"
+    t_h = np.cumsum(gaps_h)
+    pd.DataFrame({"time": t_h}).to_csv(path, index=False)
+    for engine in ("des", "fast"):
+        code, out, err = run_cli(
+            capsys, *JOB, "--trace", str(path), "--unit", "h", "--replicas", "1",
+            "--engine", engine, "--json",
+        )  # fmt: skip
+        assert code == 0, err
+        got = json.loads(out)
+        assert got["failure"] == "trace" and got["engine"] == engine
+        # No failure rate was given: the log's own (span / failures) sets the policy.
+        assert got["mtbf_h"] == pytest.approx(t_h[-1] / t_h.size)
+        assert got["failures_mean"] == np.sum(t_h < got["wall_h_mean"])
+
+
+def test_random_starts_make_replicas_differ_and_are_reproducible(capsys, tmp_path, gaps_h):
+    path = tmp_path / "f.csv"
+    pd.DataFrame({"time": np.cumsum(gaps_h)}).to_csv(path, index=False)
+    argv = [*JOB, "--trace", str(path), "--unit", "h", "--trace-start", "random", "--json",
+            "--replicas", "8", "--out", str(tmp_path / "r.csv")]  # fmt: skip
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    first = pd.read_csv(tmp_path / "r.csv")
+    assert first["failures"].nunique() > 1
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "r.csv"), first)
+
+
+def test_a_random_start_leaves_the_job_a_full_window_of_the_trace():
+    times = np.arange(1.0, 1001.0)
+    draw = TraceStart(times, keep_s=900.0)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        t = draw(rng)
+        assert t[0] >= 0 and t[-1] >= 900.0 - 1.0
+
+
+@pytest.mark.parametrize(
+    "content, argv, fragment",
+    [
+        (None, [], "no such file"),
+        ("", [], "cannot read failure log"),
+        ("time\n", [], "no rows"),
+        ("a,b\n1,2\n", [], "give --time-column"),
+        ("a,b\n1,2\n", ["--time-column", "c"], "no column 'c'"),
+        ("time\nfoo\n3\n", [], "'foo' in column 'time' is neither a number nor a timestamp"),
+        ("time\n-5\n3\n", [], "not negative"),
+        ("time\n0\n", [], "no failure after the job's start"),
+        ("time\n2024-01-01\n", [], "no failure after the job's start"),
+    ],
+)
+def test_a_bad_log_is_one_line_and_status_2(capsys, tmp_path, content, argv, fragment):
+    path = tmp_path / "log.csv"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(path), *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and fragment in err, err
+
+
+def test_trace_flags_without_a_trace_are_refused(capsys):
+    code, _, err = run_cli(capsys, *JOB, "--mtbf-h", "3", "--unit", "h")
+    assert code == 2 and "need --trace FILE" in err
+    with pytest.raises(InputError, match="unit must be one of"):
+        read_trace("x.csv", unit="weeks")
