@@ -365,7 +365,9 @@ class CostProfile:
         """All nodes' write bandwidth together, and the warnings of how far it extrapolates."""
         fix = "--storage-bytes-per-s (your shared storage's aggregate bandwidth)"
         warnings: list[str] = []
-        curve = self.contention.get(format)
+        # A format measured with parallel writers has its own curve; any other meets the raw
+        # disk's (the same N writers with plain writes), which bounds every format on it.
+        curve = self.contention.get(format, self.contention.get("raw"))
         measured = max(curve.writers) if curve else 1
         if curve is None:
             aggregate = math.inf  # each node at the single-writer line (applied by the caller)
