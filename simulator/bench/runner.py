@@ -3,7 +3,9 @@
 Within one size, each repeat runs the raw baseline and every format once, in an order
 rotated by the repeat number, so slow drift of the disk (or of neighbours on a shared machine)
 spreads over all formats instead of landing on one; each format's bandwidth is reported as a
-ratio to the raw sequential write of the same bytes measured in the same run. Only one
+ratio to the raw sequential write of the same bytes measured in the same run (restores to the
+raw read of the same repeat). With ``writers`` the largest size is then saved sharded over
+that many processes at once (:mod:`simulator.bench.writers`). Only one
 checkpoint exists on disk at a time, and everything written is removed on exit, Ctrl-C
 included.
 """

@@ -12,6 +12,7 @@ EXAMPLES = """\
 examples:
   ckptsim bench --sizes 25M,200M --dir /scratch --repeats 3 --out profile.json
   ckptsim bench --sizes 1M,10M --formats torch,ckptsim --json
+  ckptsim bench --sizes 5M,20M --formats ckptsim --writers 1,2,4,8 --out profile.json
   ckptsim optimize --profile profile.json --params 70e9 --gpus 16384
 """
 
