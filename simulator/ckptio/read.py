@@ -19,7 +19,6 @@ import math
 import os
 import shutil
 import stat
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ from simulator.ckptio.layout import (
     VERSION,
     CorruptCheckpoint,
     bytes_of,
+    crc32,
     header_entries,
     is_temp_dir,
     may_be_unlisted,
@@ -100,7 +100,7 @@ def read_checkpoint(
     meta_bytes = _read_member(meta_file, files[META_FILE]["bytes"])
     if verify:
         _check_crc(tensor_file, crc, files[TENSOR_FILE]["crc32"])
-        _check_crc(meta_file, zlib.crc32(meta_bytes), files[META_FILE]["crc32"])
+        _check_crc(meta_file, crc32(meta_bytes), files[META_FILE]["crc32"])
         for name, entry in files.items():
             if name not in (TENSOR_FILE, META_FILE):
                 _check_crc(path / name, _member_crc(path / name, entry["bytes"]), entry["crc32"])
@@ -131,10 +131,10 @@ def _load_tensors(
             )
         specs = _tensor_specs(entries, data_len, file)
         tensors: dict[str, torch.Tensor] = {}
-        state = [zlib.crc32(header, zlib.crc32(head))]
+        state = [crc32(header, crc32(head))]
 
         def crc_step(chunk: memoryview) -> None:  # one worker: steps run in submission order
-            state[0] = zlib.crc32(chunk, state[0])
+            state[0] = crc32(chunk, state[0])
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             for name, dtype, shape in specs:
@@ -232,7 +232,7 @@ def file_crc32(file: str | os.PathLike) -> int:
     crc = 0
     with open(file, "rb", buffering=0) as f:
         while chunk := f.read(_CRC_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
     return crc
 
 
@@ -453,7 +453,7 @@ def _member_crc(file: Path, size: int) -> int:
             chunk = f.read(min(left, _CRC_CHUNK))
             if not chunk:
                 raise CorruptCheckpoint(f"{file}: ended {left} bytes early")
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             left -= len(chunk)
     return crc
 
