@@ -253,13 +253,17 @@ def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]
                 return state
             row.update(fmt_io.SAVERS[job](state, where))
             row["bytes"] = fmt_io.disk_bytes(where)
-            fmt_io.drop_cache(where)
-            start = time.perf_counter()
+            loader = fmt_io.LOADERS[job]
             if job in fmt_io.IN_PLACE:
-                state = fmt_io.LOADERS[job](where, state)
+                fmt_io.drop_cache(where)
+                start = time.perf_counter()
+                state = loader(where, state)
             else:
-                # Drop our reference so only the restored copy is held (1x memory at 1B).
-                loader, state = fmt_io.LOADERS[job], None
+                # Drop our reference so only the restored copy is held (1x memory at 1B), and
+                # before the clock starts: freeing the previous restore is no part of this one.
+                state = None
+                fmt_io.drop_cache(where)
+                start = time.perf_counter()
                 state = loader(where)
             row["load_s"] = time.perf_counter() - start
             return state
