@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "fsync). Time = the slowest rank's from a common barrier; aggregate = all bytes / that; "
         "commit = rank 0's DCP `finish` (`.metadata`) plus the directory fsync.",
         "- Contention fit: universal scalability law X(N) = λN / (1 + σ(N-1) + κN(N-1)), "
-        "λ, σ, κ ≥ 0, by `scipy.optimize.least_squares` on relative residuals.",
+        "λ, σ, κ ≥ 0, by `scipy.optimize.least_squares` on log bandwidth (multiplicative noise).",
         "",
         "## Results (`ckptsim bench` output of this run)",
         "",

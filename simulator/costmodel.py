@@ -13,8 +13,9 @@ JSON holds the machine facts, the raw samples and the fits.
 ``ckptsim bench --writers 1,2,4,8`` measures N processes saving one sharded state at once; the
 aggregate bandwidth against N is fitted with the universal scalability law (Gunther),
 X(N) = λN / (1 + σ(N-1) + κN(N-1)) with λ, σ, κ ≥ 0 (``scipy.optimize.least_squares`` with
-bounds, relative residuals kept): σ is contention for a shared resource, κ the cost of keeping
-writers coherent. It bends where a hard ``min()`` would break, and it can fall past a peak.
+bounds, on log bandwidth; relative residuals kept): σ is contention for a shared resource, κ
+the cost of keeping writers coherent. It bends where a hard ``min()`` would break, and it can
+fall past a peak.
 
 :meth:`CostProfile.predict` extrapolates to a model of P parameters sharded over N nodes that
 write in parallel: each node writes P·(bytes per parameter)/N bytes at the per-writer bandwidth
@@ -153,7 +154,8 @@ class ContentionFit:
 def fit_contention(writers, aggregate_bytes_per_s, *, max_shard_bytes: float = 0.0):
     """Fit the universal scalability law to aggregate bandwidth against writers, λ, σ, κ >= 0.
 
-    Relative residuals (noise is multiplicative here too); needs two or more writer counts.
+    Least squares on log bandwidth (noise is multiplicative here too); needs two or more
+    writer counts.
     """
     n = np.asarray(writers, dtype=float)
     x = np.asarray(aggregate_bytes_per_s, dtype=float)
@@ -167,8 +169,12 @@ def fit_contention(writers, aggregate_bytes_per_s, *, max_shard_bytes: float = 0
         lam, sigma, kappa = p
         return lam * scale * n / (1.0 + sigma * (n - 1.0) + kappa * n * (n - 1.0))
 
+    # Log residuals: multiplicative noise both ways (1 - fit/x lets a slow outlier pull the
+    # curve far below the rest). λ's lower bound keeps the logarithm finite.
     res = optimize.least_squares(
-        lambda p: model(p) / x - 1.0, x0=[1.0, 0.1, 0.0], bounds=([0, 0, 0], [np.inf] * 3)
+        lambda p: np.log(model(p)) - np.log(x),
+        x0=[1.0, 0.1, 0.0],
+        bounds=([1e-9, 0, 0], [np.inf] * 3),
     )
     lam, sigma, kappa = (float(v) for v in res.x)
     return ContentionFit(
