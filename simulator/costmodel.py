@@ -10,11 +10,24 @@ an unconstrained one came out with negative latencies and predicted small restor
 times too slow. The residuals are kept so a reader can see how straight the line was. A profile
 JSON holds the machine facts, the raw samples and the fits.
 
+``ckptsim bench --writers 1,2,4,8`` measures N processes saving one sharded state at once; the
+aggregate bandwidth against N is fitted with the universal scalability law (Gunther),
+X(N) = λN / (1 + σ(N-1) + κN(N-1)) with λ, σ, κ ≥ 0 (``scipy.optimize.least_squares`` with
+bounds, on log bandwidth; relative residuals kept): σ is contention for a shared resource, κ
+the cost of keeping writers coherent. It bends where a hard ``min()`` would break, and it can
+fall past a peak.
+
 :meth:`CostProfile.predict` extrapolates to a model of P parameters sharded over N nodes that
-write in parallel: each node writes P·(bytes per parameter)/N bytes at the measured per-writer
-bandwidth, capped by an aggregate storage bandwidth shared by all N. The async stall (staging
-copy into host memory) is node-local and not capped by storage. No torch here: the simulator
-core uses this.
+write in parallel: each node writes P·(bytes per parameter)/N bytes at the per-writer bandwidth
+the contention curve gives at N (the single-writer line without one), all together capped by
+the shared storage's aggregate bandwidth — the one given, else
+:data:`~simulator.scenario.DEFAULT_STORAGE_BYTES_PER_S` (a published figure, see there). Past
+10x the measured writers the curve is not followed further (one machine's disk says nothing of
+a cluster's storage): each node keeps the per-writer bandwidth of the most writers measured and
+the storage cap decides; such an extrapolation, or a shard 10x past the largest size measured,
+comes back as a warning naming the input that would replace it. The async stall (staging copy
+into host memory) is node-local and not capped by storage. No torch here: the simulator core
+uses this.
 """
 
 from __future__ import annotations
@@ -30,15 +43,21 @@ import numpy as np
 from scipy import optimize
 
 from simulator.errors import InputError
+from simulator.scenario import DEFAULT_STORAGE_BYTES_PER_S, DEFAULT_STORAGE_SOURCE
 
 __all__ = [
     "BYTES_PER_PARAM",
     "CheckpointCost",
+    "ContentionFit",
     "CostProfile",
     "FormatFit",
     "LinearFit",
+    "fit_contention",
     "fit_linear",
 ]
+
+EXTRAPOLATION_WARN = 10.0
+"""How far past the measured writers or sizes a prediction goes before it says so."""
 
 SCHEMA = "ckptsim-cost-profile/1"
 
@@ -108,6 +127,67 @@ def fit_linear(nbytes, seconds) -> LinearFit:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContentionFit:
+    """Aggregate bandwidth of N parallel writers, X(N) = λN / (1 + σ(N-1) + κN(N-1))."""
+
+    single_bytes_per_s: float
+    """λ: one writer's bandwidth, bytes per second."""
+    contention: float
+    """σ >= 0: the serialised share (σ = 1: N writers go no faster than one)."""
+    coherency: float
+    """κ >= 0: the per-pair cost that makes the aggregate fall past a peak."""
+    writers: tuple[int, ...]
+    """Writer counts measured (one per sample)."""
+    residuals: tuple[float, ...] = ()
+    """Measured / fitted aggregate bandwidth - 1, one per sample, in sample order."""
+    max_shard_bytes: float = 0.0
+    """The largest bytes one writer wrote in these samples."""
+
+    def aggregate_bytes_per_s(self, n: float) -> float:
+        return (
+            self.single_bytes_per_s
+            * n
+            / (1.0 + self.contention * (n - 1.0) + self.coherency * n * (n - 1.0))
+        )
+
+
+def fit_contention(writers, aggregate_bytes_per_s, *, max_shard_bytes: float = 0.0):
+    """Fit the universal scalability law to aggregate bandwidth against writers, λ, σ, κ >= 0.
+
+    Least squares on log bandwidth (noise is multiplicative here too); needs two or more
+    writer counts.
+    """
+    n = np.asarray(writers, dtype=float)
+    x = np.asarray(aggregate_bytes_per_s, dtype=float)
+    if n.shape != x.shape or np.unique(n).size < 2:
+        raise InputError("a contention fit needs samples at two or more writer counts")
+    if not (np.all(np.isfinite(x)) and np.all(x > 0) and np.all(n >= 1)):
+        raise InputError("contention samples need writers >= 1 and positive bandwidths")
+    scale = float(np.median(x[n == n.min()]) / n.min())
+
+    def model(p):
+        lam, sigma, kappa = p
+        return lam * scale * n / (1.0 + sigma * (n - 1.0) + kappa * n * (n - 1.0))
+
+    # Log residuals: multiplicative noise both ways (1 - fit/x lets a slow outlier pull the
+    # curve far below the rest). λ's lower bound keeps the logarithm finite.
+    res = optimize.least_squares(
+        lambda p: np.log(model(p)) - np.log(x),
+        x0=[1.0, 0.1, 0.0],
+        bounds=([1e-9, 0, 0], [np.inf] * 3),
+    )
+    lam, sigma, kappa = (float(v) for v in res.x)
+    return ContentionFit(
+        single_bytes_per_s=lam * scale,
+        contention=sigma,
+        coherency=kappa,
+        writers=tuple(int(v) for v in n),
+        residuals=tuple(float(v) for v in x / model(res.x) - 1.0),
+        max_shard_bytes=float(max_shard_bytes),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class FormatFit:
     """The fitted costs of one checkpoint format."""
 
@@ -133,6 +213,10 @@ class CheckpointCost:
     """Time to load the checkpoint after a failure, seconds."""
     bytes: float
     """Bytes written per checkpoint, all nodes together."""
+    aggregate_bytes_per_s: float = math.inf
+    """The aggregate write bandwidth the prediction used, all nodes together."""
+    warnings: tuple[str, ...] = ()
+    """Where the prediction went far past what was measured, and which input fixes it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,14 +228,19 @@ class CostProfile:
     fits: dict[str, FormatFit]
     """Per format (``raw`` is the plain sequential write/read baseline)."""
     samples: list[dict[str, Any]] = field(default_factory=list)
-    """Raw samples: format, dtype, params, bytes, save_s, load_s, stall_s."""
+    """Raw samples: format, dtype, params, bytes, save_s, load_s, stall_s; parallel-writer
+    samples (``bench == "writers"``) carry writers, shard_bytes and aggregate_bytes_per_s."""
+    contention: dict[str, ContentionFit] = field(default_factory=dict)
+    """Per format, the aggregate bandwidth against parallel writers (``ckptsim bench
+    --writers``)."""
 
     @classmethod
     def from_samples(cls, samples: list[dict[str, Any]], machine: dict[str, Any]) -> CostProfile:
         """Fit every format whose save times grow with bytes over two or more sizes."""
         fits: dict[str, FormatFit] = {}
-        for fmt in sorted({s["format"] for s in samples}):
-            rows = [s for s in samples if s["format"] == fmt]
+        single = [s for s in samples if s.get("bench") != "writers"]
+        for fmt in sorted({s["format"] for s in single}):
+            rows = [s for s in single if s["format"] == fmt]
             if len({r["bytes"] for r in rows}) < 2:
                 continue
             save = _fit_column(rows, "save_s")
@@ -165,7 +254,17 @@ class CostProfile:
                     np.median([r["bytes"] / r["tensor_bytes"] for r in rows if r["tensor_bytes"]])
                 ),
             )
-        return cls(machine=dict(machine), fits=fits, samples=list(samples))
+        contention: dict[str, ContentionFit] = {}
+        parallel = [s for s in samples if s.get("bench") == "writers"]
+        for fmt in sorted({s["format"] for s in parallel}):
+            rows = [s for s in parallel if s["format"] == fmt]
+            if len({r["writers"] for r in rows}) >= 2:
+                contention[fmt] = fit_contention(
+                    [r["writers"] for r in rows],
+                    [r["aggregate_bytes_per_s"] for r in rows],
+                    max_shard_bytes=max(r["shard_bytes"] for r in rows),
+                )
+        return cls(machine=dict(machine), fits=fits, samples=list(samples), contention=contention)
 
     # ------------------------------------------------------------------ persistence
 
@@ -174,6 +273,7 @@ class CostProfile:
             "schema": SCHEMA,
             "machine": self.machine,
             "fits": {k: asdict(v) for k, v in self.fits.items()},
+            "contention": {k: asdict(v) for k, v in self.contention.items()},
             "samples": self.samples,
         }
 
@@ -197,9 +297,20 @@ class CostProfile:
             raise InputError(f"{path} is not a ckptsim cost profile (schema {SCHEMA})")
         try:
             fits = {k: _format_fit(v) for k, v in data["fits"].items()}
+            contention = {
+                k: ContentionFit(
+                    **v | {"writers": tuple(v["writers"]), "residuals": tuple(v["residuals"])}
+                )
+                for k, v in data.get("contention", {}).items()
+            }
         except (KeyError, TypeError) as exc:
             raise InputError(f"cost profile {path} has a malformed fit: {exc}") from None
-        return cls(machine=data.get("machine", {}), fits=fits, samples=data.get("samples", []))
+        return cls(
+            machine=data.get("machine", {}),
+            fits=fits,
+            samples=data.get("samples", []),
+            contention=contention,
+        )
 
     # ------------------------------------------------------------------ prediction
 
@@ -215,9 +326,10 @@ class CostProfile:
     ) -> CheckpointCost:
         """Cost of checkpointing a ``params``-parameter model sharded evenly over ``nodes``.
 
-        Each node writes its shard at the measured per-writer bandwidth, capped at
-        ``aggregate_bytes_per_s / nodes`` when the shared storage has an aggregate limit;
-        restores read through the same cap. Bytes per parameter come from ``dtype`` (see
+        Each node writes its shard at the per-writer bandwidth of the contention curve at
+        ``nodes`` writers (see the module docstring), all together capped at
+        ``aggregate_bytes_per_s`` (default :data:`DEFAULT_STORAGE_BYTES_PER_S`); restores read
+        through the same cap. Bytes per parameter come from ``dtype`` (see
         :data:`BYTES_PER_PARAM`) times the format's measured on-disk overhead, unless given.
         """
         if format not in self.fits:
@@ -242,12 +354,71 @@ class CostProfile:
             raise InputError(f"bytes_per_param must be positive, got {bytes_per_param!r}")
         total = float(params) * bytes_per_param
         shard = total / nodes
-        cap = None if aggregate_bytes_per_s is None else aggregate_bytes_per_s / nodes
+        aggregate, warnings = self._aggregate(format, nodes, shard, aggregate_bytes_per_s)
+        cap = aggregate / nodes
         write_s = fit.save.seconds(shard, bytes_per_s=cap)
         load = fit.load or fit.save
         restore_s = load.seconds(shard, bytes_per_s=cap)
         stall_s = fit.stall.seconds(shard) if fit.stall is not None else write_s
-        return CheckpointCost(stall_s=stall_s, write_s=write_s, restore_s=restore_s, bytes=total)
+        return CheckpointCost(
+            stall_s=stall_s,
+            write_s=write_s,
+            restore_s=restore_s,
+            bytes=total,
+            aggregate_bytes_per_s=min(aggregate, nodes * fit.save.bytes_per_s),
+            warnings=tuple(warnings),
+        )
+
+    def _aggregate(
+        self, format: str, nodes: int, shard: float, storage: float | None
+    ) -> tuple[float, list[str]]:
+        """All nodes' write bandwidth together, and the warnings of how far it extrapolates."""
+        fix = "--storage-bytes-per-s (your shared storage's aggregate bandwidth)"
+        warnings: list[str] = []
+        # A format measured with parallel writers has its own curve; any other meets the raw
+        # disk's (the same N writers with plain writes), which bounds every format on it.
+        curve = self.contention.get(format, self.contention.get("raw"))
+        measured = max(curve.writers) if curve else 1
+        if curve is None:
+            aggregate = math.inf  # each node at the single-writer line (applied by the caller)
+        elif nodes <= EXTRAPOLATION_WARN * measured:
+            aggregate = curve.aggregate_bytes_per_s(nodes)
+        else:
+            aggregate = curve.aggregate_bytes_per_s(measured) / measured * nodes
+        if nodes > EXTRAPOLATION_WARN * measured:
+            how = (
+                "the contention curve is not followed that far"
+                if curve
+                else "each is assumed to write as this machine's one writer did"
+            )
+            warnings.append(
+                f"{nodes:,} parallel writers is {nodes / measured:,.0f}x the {measured} measured "
+                f"({how}); the shared storage's cap decides, so give {fix}"
+                + ("" if curve else ", and measure writers with ckptsim bench --writers 1,2,4,8")
+            )
+        largest = max(
+            [
+                s["bytes"]
+                for s in self.samples
+                if s.get("format") == format and s.get("bench") != "writers"
+            ]
+            + ([curve.max_shard_bytes] if curve else [])
+            or [0.0]
+        )
+        if largest and shard > EXTRAPOLATION_WARN * largest:
+            warnings.append(
+                f"each writer's shard ({shard / 1e9:,.3g} GB) is {shard / largest:,.0f}x the "
+                f"largest size measured ({largest / 1e9:.3g} GB); measure larger ckptsim bench "
+                f"--sizes, or give {fix}"
+            )
+        if storage is None:
+            storage = DEFAULT_STORAGE_BYTES_PER_S
+            if nodes > 1:
+                warnings.append(
+                    f"no storage cap given: {storage / 1e12:g} TB/s aggregate assumed "
+                    f"({DEFAULT_STORAGE_SOURCE}); give {fix}"
+                )
+        return min(aggregate, storage), warnings
 
 
 def _fit_column(rows: list[dict[str, Any]], key: str) -> LinearFit | None:

@@ -26,9 +26,25 @@ from typing import Any
 from simulator.errors import InputError
 from simulator.failures import Lifetime, parse_failure
 
-__all__ = ["DEFAULT_PRESET", "Scenario", "load_scenario", "preset_names"]
+__all__ = [
+    "DEFAULT_PRESET",
+    "DEFAULT_STORAGE_BYTES_PER_S",
+    "Scenario",
+    "load_scenario",
+    "preset_names",
+]
 
 DEFAULT_PRESET = "llama3"
+
+DEFAULT_STORAGE_BYTES_PER_S = 2e12
+"""Aggregate bandwidth of shared checkpoint storage when none is given, bytes per second.
+
+Source: Llama Team, AI @ Meta, "The Llama 3 Herd of Models", arXiv:2407.21783 (2024), §3.3.1:
+Tectonic, the file system behind 16,384-H100 pre-training, "supports a sustainable throughput
+of 2 TB/s and a peak throughput of 7 TB/s". The sustained figure is used: without a cap, a
+job's nodes would each be assumed to have a disk of their own and 16,384 GPUs would save a
+405B model (5.7 TB) in well under a second; at 2 TB/s it takes 2.8 s of pure I/O."""
+DEFAULT_STORAGE_SOURCE = "Llama 3 (arXiv:2407.21783, §3.3.1): Tectonic sustains 2 TB/s"
 
 
 MAX_GPUS = 100_000_000
@@ -122,7 +138,8 @@ class Scenario:
     write_bytes_per_s_per_node: float | None = None
     """Checkpoint write bandwidth of one node to shared storage, bytes per second."""
     storage_bytes_per_s: float | None = None
-    """Aggregate write bandwidth of the shared storage, bytes per second."""
+    """Aggregate write bandwidth of the shared storage, bytes per second (None: a per-node
+    bandwidth is capped at :data:`DEFAULT_STORAGE_BYTES_PER_S`)."""
     writer_nodes: int | None = None
     """Nodes that write shards of a checkpoint at once (None: every node of the job)."""
     read_bytes_per_s: float | None = None
@@ -267,13 +284,16 @@ class Scenario:
 
         With ``checkpoint_bytes`` and a bandwidth, the shards go out from ``writer_nodes``
         nodes at once, each capped at ``write_bytes_per_s_per_node`` and all together at
-        ``storage_bytes_per_s``; otherwise it is ``checkpoint_s``.
+        ``storage_bytes_per_s`` (:data:`DEFAULT_STORAGE_BYTES_PER_S` when not given); otherwise
+        it is ``checkpoint_s``.
         """
         per_node, total = self.write_bytes_per_s_per_node, self.storage_bytes_per_s
         if self.checkpoint_bytes is None or (per_node is None and total is None):
             return float(self.checkpoint_s)
         writers = self.writer_nodes or self.nodes or 1
         rate = min(writers * per_node if per_node else math.inf, total or math.inf)
+        if total is None:  # many nodes still share one storage system (see the default's source)
+            rate = min(rate, DEFAULT_STORAGE_BYTES_PER_S)
         return float(self.checkpoint_bytes / rate)
 
     @property

@@ -153,6 +153,8 @@ def test_cli_json_has_the_documented_keys_and_writes_a_loadable_profile(tmp_path
         (["--sizes", "3Q"], "unknown model size"),
         (["--dir", "/nonexistent/dir"], "not an existing directory"),
         (["--sizes", "1M", "--dtypes", "fp8"], "unknown dtype"),
+        (["--sizes", "1M", "--writers", "1,0"], "writers must be whole numbers >= 1, got 1,0"),
+        (["--sizes", "1M", "--writers", "two"], "--writers takes whole numbers"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, capsys):
@@ -216,3 +218,38 @@ def test_report_rerendered_from_stored_samples_is_honest(tmp_path):
     assert abs(fitted / measured - 1) < 0.1
     stored_again = json.loads((tmp_path / "bench-cpu-2core.json").read_text())
     assert stored_again["samples"] == json.loads(stored.read_text())["samples"]
+
+
+def test_restore_is_judged_against_the_raw_read_of_the_same_repeat(tmp_path, capsys):
+    argv = ["bench", "--sizes", "300K,1M", "--formats", "ckptsim", "--repeats", "2"]
+    assert main([*argv, "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "restore/raw-read ratio, same run" in out and "POSIX_FADV_DONTNEED" in out
+    assert main([*argv, "--dir", str(tmp_path), "--json"]) == 0
+    restore = json.loads(capsys.readouterr().out)["goals"]["restore_ratio_to_raw"]
+    assert restore["goal_min"] == 0.9
+    assert [(p["size"], p["n"]) for p in restore["per_size"]] == [("300K", 2), ("1M", 2)]
+    assert all(p["mean"] > 0 for p in restore["per_size"])
+
+
+@pytest.mark.slow
+def test_parallel_writers_run_real_gloo_ranks_against_as_many_raw_writers(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    argv = ["bench", "--sizes", "300K,2M", "--formats", "ckptsim", "--repeats", "2"]
+    argv += ["--writers", "1,2", "--dir", str(tmp_path), "--out", str(out), "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {(r["format"], r["writers"]): r for r in data["writers"]}
+    assert set(rows) == {("raw", 1), ("dcp", 1), ("raw", 2), ("dcp", 2)}
+    for (fmt, n), r in rows.items():
+        assert r["repeats"] == 2 and r["slowest_s"] > 0 and r["aggregate_bytes_per_s"] > 0
+        assert r["shard_bytes"] * n == pytest.approx(2e6 * 12, rel=0.01)
+        assert r["per_writer_bytes_per_s_min"] <= r["per_writer_bytes_per_s_median"]
+        assert (r["commit_s"] > 0) == (fmt == "dcp") or fmt == "raw"
+    assert rows["dcp", 2]["ratio_to_raw"] > 0 and rows["raw", 2]["ratio_to_raw"] == 1.0
+    profile = CostProfile.load(out)
+    assert {"raw", "dcp"} <= set(profile.contention)
+    assert profile.contention["dcp"].writers.count(2) == 2
+    cost = profile.predict(params=405e9, nodes=2048, format="ckptsim")  # meets the raw curve
+    assert any("1,024x the 2 measured" in w for w in cost.warnings)
+    assert [p for p in tmp_path.iterdir() if p.name != "profile.json"] == []

@@ -184,3 +184,92 @@ def test_a_format_whose_times_do_not_grow_with_size_is_left_unfitted():
     assert set(profile.fits) == {"fine"}
     with pytest.raises(InputError, match="not in this profile"):
         profile.predict(params=1e9, format="noisy")
+
+
+def _writers_profile(sigma: float = 0.3, kappa: float = 0.01) -> CostProfile:
+    rng = np.random.default_rng(7)
+    samples = [s for s in _profile().samples]
+    lam = 2e8
+    for n in (1, 2, 4, 8):
+        for _ in range(3):
+            agg = lam * n / (1 + sigma * (n - 1) + kappa * n * (n - 1)) * rng.lognormal(0, 0.03)
+            samples.append(
+                dict(bench="writers", format="torch", writers=n, shard_bytes=5e7, bytes=5e7 * n)
+                | dict(aggregate_bytes_per_s=agg, save_s=5e7 * n / agg)
+            )
+    return CostProfile.from_samples(samples, {"cpu_count": 2})
+
+
+def test_contention_curve_recovers_its_parameters_non_negative_with_residuals():
+    curve = _writers_profile().contention["torch"]
+    assert curve.single_bytes_per_s == pytest.approx(2e8, rel=0.1)
+    assert curve.contention == pytest.approx(0.3, abs=0.1)
+    assert curve.coherency >= 0 and curve.contention >= 0
+    assert len(curve.residuals) == 12 and max(map(abs, curve.residuals)) < 0.15
+    # Not a hard min(): 8 writers get less than 8x one, yet more than one writer's bandwidth.
+    assert 2e8 < curve.aggregate_bytes_per_s(8) < 8 * 2e8
+
+
+def test_a_flat_curve_fits_zero_coherency_rather_than_a_negative_one():
+    curve = _writers_profile(sigma=0.0, kappa=0.0).contention["torch"]
+    assert curve.coherency >= 0 and curve.contention >= 0
+    assert curve.aggregate_bytes_per_s(8) == pytest.approx(8 * 2e8, rel=0.1)
+
+
+def test_prediction_within_the_measured_writers_follows_the_curve_without_warning():
+    profile = _writers_profile()
+    cost = profile.predict(
+        params=1e9, nodes=8, format="torch", dtype="fp32", aggregate_bytes_per_s=1e15
+    )
+    curve = profile.contention["torch"]
+    assert cost.aggregate_bytes_per_s == pytest.approx(curve.aggregate_bytes_per_s(8))
+    assert cost.write_s >= 1e9 * 12 / curve.aggregate_bytes_per_s(8)
+    assert cost.warnings == ()
+
+
+def test_far_past_the_measured_writers_warns_by_how_much_and_names_the_flag(tmp_path):
+    profile = _writers_profile()
+    cost = profile.predict(params=405e9, nodes=2048, format="torch", dtype="bf16")
+    text = " ".join(cost.warnings)
+    assert "256x the 8 measured" in text and "--storage-bytes-per-s" in text
+    assert "Llama 3" in text  # the default cap and its source are named
+    # 16,384 GPUs saving a 405B model: never under a second with nothing given.
+    assert cost.write_s >= 405e9 * 14 / 2e12
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert (
+        CostProfile.load(path).predict(params=405e9, nodes=2048, format="torch", dtype="bf16")
+        == cost
+    )
+
+
+def test_the_optimize_cli_prints_the_extrapolation_warning(tmp_path):
+    path = tmp_path / "p.json"
+    _writers_profile().save(path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simulator",
+            "optimize",
+            "--profile",
+            str(path),
+            "--params",
+            "405e9",
+            "--format",
+            "torch",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
+    assert "x the 8 measured" in out.stderr and "--storage-bytes-per-s" in out.stderr
+
+
+def test_a_scenario_with_only_a_per_node_bandwidth_is_capped_by_the_published_default():
+    from simulator.scenario import DEFAULT_STORAGE_BYTES_PER_S, Scenario
+
+    s = Scenario(gpus=16384, checkpoint_bytes=405e9 * 14, write_bytes_per_s_per_node=5e9)
+    assert s.checkpoint_write_s == pytest.approx(405e9 * 14 / DEFAULT_STORAGE_BYTES_PER_S)
+    assert s.checkpoint_write_s > 1.0

@@ -5,7 +5,8 @@ AdamW after one real step (both moments), the LR scheduler, the RNG states and t
 position — and writes that same state in each format people use (``torch.save``,
 safetensors, DCP, DCP async, and this project's own :mod:`simulator.ckptio`), with fsync,
 interleaved with a raw sequential write of the same number of bytes, so every format is
-measured against the disk it ran on, in the same run. The samples feed
+measured against the disk it ran on, in the same run; ``writers`` adds N processes saving one
+sharded state at once against N raw writers (:mod:`simulator.bench.writers`). The samples feed
 :mod:`simulator.costmodel`. This package imports torch; the simulation core does not.
 """
 

@@ -3,7 +3,9 @@
 Within one size, each repeat runs the raw baseline and every format once, in an order
 rotated by the repeat number, so slow drift of the disk (or of neighbours on a shared machine)
 spreads over all formats instead of landing on one; each format's bandwidth is reported as a
-ratio to the raw sequential write of the same bytes measured in the same run. Only one
+ratio to the raw sequential write of the same bytes measured in the same run (restores to the
+raw read of the same repeat). With ``writers`` the largest size is then saved sharded over
+that many processes at once (:mod:`simulator.bench.writers`). Only one
 checkpoint exists on disk at a time, and everything written is removed on exit, Ctrl-C
 included.
 """
@@ -29,6 +31,7 @@ from simulator.errors import InputError
 from simulator.results import goal_verdict, mean_ci
 
 GOAL_WRITER_RATIO = 0.90
+GOAL_RESTORE_RATIO = 0.90
 GOAL_ASYNC_STALL_RATIO = 0.10
 _DISK_MARGIN_BYTES = 512 << 20
 
@@ -47,6 +50,10 @@ class BenchConfig:
     """fp32 (12 B/param) and/or bf16 with fp32 master weights (14 B/param)."""
     repeats: int = 3
     """Repeats per (size, format)."""
+    writers: tuple[int, ...] = ()
+    """Parallel writer counts (``--writers 1,2,4,8``): the largest size's fp32 state is saved
+    sharded over that many processes, against as many raw writers (see
+    :mod:`simulator.bench.writers`); empty: no parallel-writer pass."""
     seed: int = 0
 
     def __post_init__(self):
@@ -64,6 +71,11 @@ class BenchConfig:
             parse_size(s)
         if self.repeats < 1:
             raise InputError(f"repeats must be at least 1, got {self.repeats}")
+        bad_writers = [w for w in self.writers if isinstance(w, bool) or not isinstance(w, int)]
+        if bad_writers or any(w < 1 for w in self.writers):
+            raise InputError(
+                f"writers must be whole numbers >= 1, got {','.join(map(str, self.writers))}"
+            )
 
     @property
     def jobs(self) -> list[str]:
@@ -84,9 +96,15 @@ class BenchResult:
     goals: dict[str, Any]
     machine: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    writers: list[dict[str, Any]] = field(default_factory=list)
+    """Per (format, writer count) summaries of the parallel-writer pass."""
 
     def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
         return {
+            "writers": self.writers,
+            "contention": {k: asdict(v) for k, v in self.profile().contention.items()},
             "raw_bytes_per_s": self.raw_bytes_per_s,
             "raw_read_bytes_per_s": self.raw_read_bytes_per_s,
             "results": self.results,
@@ -219,6 +237,12 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                         samples.append(row)
                         bar.update()
                 del ts, state
+        if cfg.writers:
+            from simulator.bench.writers import run_writers
+
+            bar.set_postfix_str(f"writers {','.join(map(str, cfg.writers))}")
+            largest = max(parse_size(s) for s in cfg.sizes) * int(BYTES_PER_PARAM["fp32"])
+            samples.extend(run_writers(work, cfg.writers, largest, cfg.repeats))
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -237,13 +261,17 @@ def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]
                 return state
             row.update(fmt_io.SAVERS[job](state, where))
             row["bytes"] = fmt_io.disk_bytes(where)
-            fmt_io.drop_cache(where)
-            start = time.perf_counter()
+            loader = fmt_io.LOADERS[job]
             if job in fmt_io.IN_PLACE:
-                state = fmt_io.LOADERS[job](where, state)
+                fmt_io.drop_cache(where)
+                start = time.perf_counter()
+                state = loader(where, state)
             else:
-                # Drop our reference so only the restored copy is held (1x memory at 1B).
-                loader, state = fmt_io.LOADERS[job], None
+                # Drop our reference so only the restored copy is held (1x memory at 1B), and
+                # before the clock starts: freeing the previous restore is no part of this one.
+                state = None
+                fmt_io.drop_cache(where)
+                start = time.perf_counter()
                 state = loader(where)
             row["load_s"] = time.perf_counter() - start
             return state
@@ -258,8 +286,13 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) -> BenchResult:
     """Medians, ratios to raw and goals from raw samples (a run's, or a stored profile's)."""
+    from simulator.bench.writers import summarise_writers
+
+    parallel = summarise_writers(samples)
     groups: dict[tuple, list[dict]] = {}
     for s in samples:
+        if s.get("bench") == "writers":
+            continue
         groups.setdefault((s["format"], s["dtype"], s["params"]), []).append(s)
     # The raw disk's bandwidth is its own row's (median bytes / median seconds), so the one
     # raw figure a reader sees is the same in the header, the table and every ratio.
@@ -302,11 +335,13 @@ def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) ->
         goals=_goals(results, samples),
         machine=machine,
         notes=notes,
+        writers=parallel,
     )
 
 
 def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """The two goal ratios, judged at every measured size (see :func:`results.goal_verdict`).
+    """The goal ratios (writer and restore against the raw disk, async stalls), judged at
+    every measured size (see :func:`results.goal_verdict`).
 
     Each ratio is formed per repeat from samples of the same repeat (the writer against the raw
     write, the async stall against the synchronous save), so the interval over repeats carries
@@ -322,12 +357,14 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
     def paired(fmt: str, base: str, ratio) -> list[dict[str, Any]]:
         by_key: dict[tuple, dict[str, dict]] = {}
         for s in samples:
+            if s.get("bench") == "writers":
+                continue
             by_key.setdefault((s["dtype"], s["params"], s["repeat"]), {})[s["format"]] = s
         groups: dict[tuple, list[float]] = {}
         for (dtype, params, _), jobs in by_key.items():
             if fmt in jobs and base in jobs:
                 groups.setdefault((dtype, params), []).append(ratio(jobs[fmt], jobs[base]))
-        sizes = {(s["dtype"], s["params"]): s["size"] for s in samples}
+        sizes = {(s["dtype"], s["params"]): s["size"] for s in samples if "dtype" in s}
         out = []
         for (dtype, params), values in sorted(groups.items(), key=lambda kv: kv[0][::-1]):
             mean, lo, hi = mean_ci(values)
@@ -353,6 +390,18 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
             "size": writer["size"],
             "dtype": writer["dtype"],
         } | judged(points, at_least=GOAL_WRITER_RATIO)
+    if writer:
+        # Restore against the raw read of the same repeat: both read files whose pages were
+        # dropped after fsync, so the pair shares the disk's state at that moment.
+        points = paired(
+            "ckptsim", "raw", lambda f, r: (f["bytes"] / f["load_s"]) / (r["bytes"] / r["load_s"])
+        )
+        goals["restore_ratio_to_raw"] = {
+            "value": writer["load_ratio_to_raw"],
+            "goal_min": GOAL_RESTORE_RATIO,
+            "size": writer["size"],
+            "dtype": writer["dtype"],
+        } | judged(points, at_least=GOAL_RESTORE_RATIO)
     for fmt, sync in (("ckptsim-async", "ckptsim"), ("dcp-async", "dcp")):
         a = at_largest(fmt)
         if not a:

@@ -9,7 +9,6 @@ import re
 import secrets
 import shutil
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from simulator.ckptio.layout import (
     VERSION,
     CheckpointWriteError,
     bytes_of,
+    crc32,
     fsync_dir,
     fsync_file,
     header_entries,
@@ -170,7 +170,7 @@ def _file_crc(file: Path, tensors: dict[str, torch.Tensor]) -> int:
     size = file.stat().st_size
     with open(file, "rb") as f:
         head, header = read_header(f, size, file)
-    crc = zlib.crc32(header, zlib.crc32(head))
+    crc = crc32(header, crc32(head))
     entries = header_entries(header, size - 8 - len(header), file)
     for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
         t = tensors[name]
@@ -178,7 +178,7 @@ def _file_crc(file: Path, tensors: dict[str, torch.Tensor]) -> int:
             continue
         data = memoryview(bytes_of(t))
         for i in range(0, len(data), _CRC_CHUNK):
-            crc = zlib.crc32(data[i : i + _CRC_CHUNK], crc)
+            crc = crc32(data[i : i + _CRC_CHUNK], crc)
     return crc
 
 
@@ -192,4 +192,4 @@ def _write_bytes(file: Path, data: bytes, *, fsync: bool) -> dict:
             os.fsync(fd)
     finally:
         os.close(fd)
-    return {"bytes": len(data), "crc32": zlib.crc32(data)}
+    return {"bytes": len(data), "crc32": crc32(data)}

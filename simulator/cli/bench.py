@@ -12,6 +12,7 @@ EXAMPLES = """\
 examples:
   ckptsim bench --sizes 25M,200M --dir /scratch --repeats 3 --out profile.json
   ckptsim bench --sizes 1M,10M --formats torch,ckptsim --json
+  ckptsim bench --sizes 5M,20M --formats ckptsim --writers 1,2,4,8 --out profile.json
   ckptsim optimize --profile profile.json --params 70e9 --gpus 16384
 """
 
@@ -22,6 +23,17 @@ MAX_REPEATS = 100
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _counts(items: tuple[str, ...]) -> tuple[int, ...]:
+    from simulator.errors import InputError
+
+    try:
+        return tuple(int(w) for w in items)
+    except ValueError:
+        raise InputError(
+            f"--writers takes whole numbers, e.g. 1,2,4,8, got {','.join(items)}"
+        ) from None
 
 
 def register(subparsers) -> None:
@@ -71,6 +83,14 @@ def register(subparsers) -> None:
         metavar="K",
         help=f"repeats per size and format (default 3, at most {MAX_REPEATS})",
     )
+    p.add_argument(
+        "--writers",
+        type=_csv,
+        default=(),
+        metavar="LIST",
+        help="also save the largest size sharded over N processes at once (gloo on "
+        "127.0.0.1), against N raw writers, for each N (e.g. 1,2,4,8)",
+    )
     p.add_argument("--out", metavar="FILE", help="write the cost profile JSON (.json) here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=run)
@@ -86,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         formats=args.formats or FORMATS,
         dtypes=args.dtypes,
         repeats=args.repeats,
+        writers=_counts(args.writers),
     )
     from simulator.cli.common import output_path
 
@@ -112,7 +133,7 @@ def format_table(result) -> str:
     """
     head = (
         f"{'size':>6} {'dtype':>5} {'format':<14} {'GB':>7} {'save s':>8} {'GB/s':>6} "
-        f"{'vs raw':>6} {'load s':>7} {'stall s':>8}"
+        f"{'vs raw':>6} {'load s':>7} {'vs raw':>6} {'stall s':>8}"
     )
     lines = [
         f"raw disk: write {result.raw_bytes_per_s / 1e9:.3f} GB/s, "
@@ -125,7 +146,53 @@ def format_table(result) -> str:
         lines.append(
             f"{r['size']:>6} {r['dtype']:>5} {r['format']:<14} {r['bytes'] / 1e9:7.3f} "
             f"{r['save_s_median']:8.3f} {r['bytes_per_s'] / 1e9:6.3f} {r['ratio_to_raw']:6.2f} "
-            f"{r['load_s_median']:7.3f} {'' if stall is None else f'{stall:8.3f}'}"
+            f"{r['load_s_median']:7.3f} {r['load_ratio_to_raw']:6.2f} "
+            f"{'' if stall is None else f'{stall:8.3f}'}"
         )
+    restore = result.goals.get("restore_ratio_to_raw")
+    if restore:
+        lines.append(
+            "restore/raw-read ratio, same run, per-repeat pairs (mean [95% interval]): "
+            + ", ".join(
+                f"{p['size']} {p['dtype']} {p['mean']:.2f}"
+                + (
+                    "" if p["low"] != p["low"] else f" [{p['low']:.2f}, {p['high']:.2f}]"
+                )  # NaN: 1 repeat
+                for p in restore["per_size"]
+            )
+        )
+    lines.append(
+        "cold reads: each file is fsync'ed, then its pages dropped with "
+        "posix_fadvise(POSIX_FADV_DONTNEED) (no root needed; drop_caches is not used, so a "
+        "hypervisor's cache below this VM may still serve some reads)"
+    )
+    lines.extend(format_writers(result))
     lines.extend(f"note: {n}" for n in result.notes)
     return "\n".join(lines)
+
+
+def format_writers(result) -> list[str]:
+    """The parallel-writer table and its contention fit (empty without ``--writers``)."""
+    if not result.writers:
+        return []
+    head = (
+        f"{'writers':>7} {'format':<6} {'agg GB/s':>8} {'vs raw':>6} {'slowest s':>9} "
+        f"{'commit s':>8} {'per-writer GB/s min/median':>26}"
+    )
+    lines = ["", "parallel writers (one shard each, gloo; medians over repeats):", head]
+    for r in result.writers:
+        ratio = "" if r["ratio_to_raw"] is None else f"{r['ratio_to_raw']:6.2f}"
+        lines.append(
+            f"{r['writers']:>7} {r['format']:<6} {r['aggregate_bytes_per_s'] / 1e9:8.3f} "
+            f"{ratio:>6} {r['slowest_s']:9.3f} {r['commit_s']:8.4f} "
+            f"{r['per_writer_bytes_per_s_min'] / 1e9:13.3f} / "
+            f"{r['per_writer_bytes_per_s_median'] / 1e9:.3f}"
+        )
+    for fmt, c in result.profile().contention.items():
+        worst = max(map(abs, c.residuals))
+        lines.append(
+            f"contention fit {fmt}: X(N) = {c.single_bytes_per_s / 1e9:.3f} GB/s * N / "
+            f"(1 + {c.contention:.3f}(N-1) + {c.coherency:.4f}N(N-1)); residuals up to "
+            f"{worst:.0%} of the fitted value"
+        )
+    return lines

@@ -156,7 +156,11 @@ def apply_profile(args: argparse.Namespace, scenario):
         "write_s": predicted.write_s,
         "restore_s": predicted.restore_s,
         "bytes": predicted.bytes,
+        "aggregate_bytes_per_s": predicted.aggregate_bytes_per_s,
+        "warnings": list(predicted.warnings),
     }
+    for warning in predicted.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return scenario, info
 
 
