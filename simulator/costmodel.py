@@ -387,13 +387,15 @@ class CostProfile:
             aggregate = curve.aggregate_bytes_per_s(measured) / measured * nodes
         if nodes > EXTRAPOLATION_WARN * measured:
             how = (
-                "the contention curve is not followed that far"
+                f"past them each writer is assumed to keep the per-writer bandwidth measured at "
+                f"{measured}, up to the shared storage's cap"
                 if curve
-                else "each is assumed to write as this machine's one writer did"
+                else "each is assumed to write as this machine's one writer did, up to the "
+                "shared storage's cap"
             )
             warnings.append(
                 f"{nodes:,} parallel writers is {nodes / measured:,.0f}x the {measured} measured "
-                f"({how}); the shared storage's cap decides, so give {fix}"
+                f"({how}); give {fix}"
                 + ("" if curve else ", and measure writers with ckptsim bench --writers 1,2,4,8")
             )
         largest = max(
