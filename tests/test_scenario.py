@@ -183,3 +183,15 @@ def test_a_whole_job_mtbf_and_a_node_mtbf_are_not_both_given():
     # A whole-job MTBF laid over a file replaces its per-part rates, nodes included.
     overridden = Scenario(**NODE_JOB).with_overrides(mtbf_h=5.0)
     assert overridden.node_mtbf_h is None and overridden.system_mtbf_s == 5 * HOUR
+
+
+def test_the_titan_record_preset_has_the_whole_records_failure_rate():
+    from simulator import titan
+
+    events = titan.failure_events(0.0)  # every DBE/OTB event of the real trace
+    scenario = load_scenario("titan-record")
+    assert scenario.gpus == titan.N_SLOTS and scenario.failure == "exponential"
+    whole_record_h = titan.span_s() / HOUR / len(events)
+    assert scenario.system_mtbf_s / HOUR == pytest.approx(whole_record_h, rel=1e-4)
+    assert 7.5 < whole_record_h < 7.7  # vs the fitted Weibull's 3.0 h (the 2016 wave)
+    assert load_scenario("titan").system_mtbf_s / HOUR == pytest.approx(3.01, abs=0.01)
