@@ -12,6 +12,7 @@ STUDIES = (
     "titan_fit",
     "daly_validation",
     "llama3_scale",
+    "llama3_calibration",
     "titan_trace",
     "async_vs_sync",
     "scaling",
