@@ -174,8 +174,10 @@ class AdaptiveSaveCallback(_TrainerCallback):
     The arguments are those of ``AdaptiveCheckpointer``, whose schedule, run log (kept in
     ``args.output_dir``) and failure-rate posterior decide. Under torch.distributed, rank 0's
     decision is broadcast at save time, so every process sets ``should_save`` at the same step;
-    with ``preemption_signals`` the ranks also agree each step (one small all-reduce) on whether
-    one of them was signalled. ``preemption_signals=()`` installs no handler.
+    a signal in ``preemption_signals`` is the checkpointer's own (its handler only sets a flag;
+    under torch.distributed every rank acts on rank 0's signal at the same check point), and
+    makes the callback save that step and stop training. ``preemption_signals=()`` installs no
+    handler.
     """
 
     def __init__(
@@ -212,8 +214,6 @@ class AdaptiveSaveCallback(_TrainerCallback):
         """Measured cost of each of those saves (writing and marking), seconds."""
         self.preempted = False
         """A preemption signal arrived; the run saved and stopped."""
-        self._signalled = 0  # the signal this process got (0: none)
-        self._old_handlers: dict[int, object] = {}
         self._step_end_t: float | None = None
         self._save_total_limit = None
 
@@ -244,14 +244,16 @@ class AdaptiveSaveCallback(_TrainerCallback):
             )
         # Trainer's rotation runs before the marker and counts torn folders; ours replaces it.
         self._save_total_limit, args.save_total_limit = args.save_total_limit, None
-        options = dict(self._options, preemption_signals=())  # the callback handles them
+        # The core handles the signals: its handler, its check points, its run-log record.
+        options = dict(
+            self._options, preemption_signals=self.preemption_signals, on_preemption="stop"
+        )
         self.checkpointer = AdaptiveCheckpointer(
             args.output_dir, model=model, backend=_backend(), **options
         )
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         self.schedule.start(state.global_step)
         self._sync_stats()
-        self._install_signal_handlers()
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -259,13 +261,13 @@ class AdaptiveSaveCallback(_TrainerCallback):
         step = state.global_step
         if self.schedule.is_due(step):
             control.should_save = True
-            self.requested_steps.append(step)
+            if self.checkpointer._agreed is not None:  # a preemption: save this step and stop
+                self.preempted = True
+                control.should_training_stop = True
+                log.info("preemption signal: saving step %d and stopping", step)
+            else:
+                self.requested_steps.append(step)
         self._sync_stats()
-        if self.preemption_signals and self._preemption_agreed():
-            self.preempted = True
-            control.should_save = True
-            control.should_training_stop = True
-            log.info("preemption signal: saving step %d and stopping", step)
         if step >= state.max_steps and self.checkpointer.last_saved_step != step:
             control.should_save = True  # the last step, so a relaunch has nothing to redo
         if control.should_save:
@@ -306,11 +308,9 @@ class AdaptiveSaveCallback(_TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self._save_total_limit is not None:
             args.save_total_limit = self._save_total_limit
-        self._restore_signal_handlers()
         if self.checkpointer is not None:
+            # record_save noted the preemption in the run log (the core's record of it).
             finished = not self.preempted and state.global_step >= state.max_steps
-            if self.preempted:
-                self.checkpointer._note_preempted(int(state.global_step), self._signalled or None)
             self.checkpointer.close(finished=finished)
         return control
 
@@ -344,29 +344,3 @@ class AdaptiveSaveCallback(_TrainerCallback):
             # The marker first: a kill during rmtree leaves a folder that reads as torn.
             (folder / ckptio.MANIFEST).unlink(missing_ok=True)
             shutil.rmtree(folder, ignore_errors=True)
-
-    def _install_signal_handlers(self) -> None:
-        def handler(signum, frame):  # only a flag: the next step end saves and stops
-            self._signalled = signum
-
-        try:
-            for sig in self.preemption_signals:
-                self._old_handlers[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread: the run cannot be signalled this way
-            self.preemption_signals = ()
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, old in self._old_handlers.items():
-            signal.signal(sig, old)
-        self._old_handlers.clear()
-
-    def _preemption_agreed(self) -> bool:
-        backend = self.checkpointer.backend
-        if backend.world_size == 1:
-            return bool(self._signalled)
-        import torch
-        import torch.distributed as dist
-
-        flag = torch.tensor([int(bool(self._signalled))])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=backend.group)
-        return bool(flag.item())
