@@ -83,7 +83,11 @@ def read_table(path: str | Path):
     try:
         if magic == b"PAR1" or path.suffix.lower() in (".parquet", ".pq"):
             return pd.read_parquet(path)
-        return pd.read_csv(path, sep=None, engine="python", skipinitialspace=True)
+        df = pd.read_csv(path, skipinitialspace=True)
+        if df.shape[1] == 1 and any(ch in str(df.columns[0]) for ch in ";\t|"):
+            # Not comma-separated after all: let the sniffer find the delimiter.
+            df = pd.read_csv(path, sep=None, engine="python", skipinitialspace=True)
+        return df
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: the failure log is empty (no header, no rows)") from None
     except (ValueError, OSError, pd.errors.ParserError) as exc:
@@ -107,6 +111,8 @@ def _pick(df, role: str, given: str | None, *, required: bool = False) -> str | 
         for low, c in lower.items():
             if name in low:
                 return c
+    if role == "time" and len(cols) == 1:
+        return cols[0]  # a log of one column can only be the failure times
     if required:
         raise InputError(
             f"cannot tell which column holds the {role}: name it with --{role}-column "

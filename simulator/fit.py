@@ -43,6 +43,7 @@ __all__ = [
 FAMILIES = ("exponential", "weibull", "lognormal")
 _Z95 = stats.norm.ppf(0.975)
 _HOUR = 3600.0
+_KM_MIN_AT_RISK = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,9 +278,10 @@ def best_fit(durations_s, observed, families=FAMILIES) -> FitResult:
 def km_check(durations_s, observed, fit: FitResult) -> dict[str, float]:
     """How far a fit's survival curve is from Kaplan–Meier's, at the observed failure times.
 
-    ``max_gap``: the largest |S_KM(t) - S_fit(t)| (a Kolmogorov-type distance; censoring makes
-    its textbook p-value invalid, so none is given). ``in_band``: the share of failure times
-    at which S_fit lies inside Kaplan–Meier's 95% pointwise confidence band.
+    ``max_gap``: the largest |S_KM(t) - S_fit(t)| while 10 or more units are at risk (a
+    Kolmogorov-type distance; censoring makes its textbook p-value invalid, so none is given).
+    ``in_band``: the share of failure times at which S_fit lies inside Kaplan–Meier's 95%
+    pointwise confidence band.
     """
     t, obs = _check(durations_s, observed)
     km = stats.ecdf(stats.CensoredData(uncensored=t[obs], right=t[~obs])).sf
@@ -292,6 +294,9 @@ def km_check(durations_s, observed, fit: FitResult) -> dict[str, float]:
     # Just before each failure time the KM curve still has its previous value.
     before = np.concatenate(([1.0], km.probabilities[:-1]))
     gap = np.maximum(np.abs(km.probabilities - fitted), np.abs(before - fitted))
+    # Past the last few units at risk KM is a step of a few units' worth: noise, not misfit.
+    at_risk = t.size - np.searchsorted(np.sort(t), x, side="left")
+    gap = gap[at_risk >= min(_KM_MIN_AT_RISK, t.size)]
     lo, hi = band.low.probabilities, band.high.probabilities
     ok = np.isfinite(lo) & np.isfinite(hi)
     inside = (fitted[ok] >= lo[ok] - 1e-12) & (fitted[ok] <= hi[ok] + 1e-12)
