@@ -280,8 +280,13 @@ def run(args) -> int:
             f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by AIC "
             f"({best.family}),",
             f"fitted to {result['events']} failures and {result['censored']} censored lifetimes.",
-            "checkpoint_s and restart_s not given here take ckptsim's defaults (60 s, 600 s).",
         ]
+        missing = [k for k in ("checkpoint_s", "restart_s") if k not in data]
+        if missing:
+            header.append(
+                f"Not given, so ckptsim's defaults (60 s save, 600 s restart): "
+                f"{', '.join(missing)}."
+            )
         try:
             Path(args.scenario_out).write_text(_toml(data, header), encoding="utf-8")
         except OSError as exc:
