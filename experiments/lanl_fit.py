@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator import fit, lanl
+from simulator import analytic, fit, lanl, optimize
+from simulator.optimize import paired_excess
+from simulator.policies import FixedInterval
+from simulator.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "lanl-fit.md"
@@ -105,6 +108,98 @@ def repair_section(table) -> list[str]:
     return [*out, "", *detail]
 
 
+# The replayed job: assumed (not from the record), HPC-era costs for a whole-system job.
+REPLAY = {"system": 18, "checkpoint_s": 300.0, "restart_s": 1800.0, "work_h": 168.0}
+REPLICAS = 400
+SEED = 2006
+
+
+def system_failure_times(table, system: int) -> np.ndarray:
+    """Sorted distinct failure start times of one system (seconds from its first)."""
+    import pandas as pd
+
+    t = pd.to_datetime(table.loc[table.system == system, "start"]).to_numpy("datetime64[s]")
+    t = np.unique(t.astype(np.int64)).astype(float)
+    return t - t[0]
+
+
+def replay_section(table) -> list[str]:
+    sysno, work_h = REPLAY["system"], REPLAY["work_h"]
+    times = system_failure_times(table, sysno)
+    gaps = np.diff(times)
+    fits = fit.fit_all(gaps, np.ones(gaps.size, bool))
+    expo = next(f for f in fits if f.family == "exponential")
+    best = fits[0]
+    nodes = int(table.loc[table.system == sysno, "nodes"].iloc[0])
+    base = dict(
+        gpus=nodes,
+        gpus_per_node=1,
+        checkpoint_s=REPLAY["checkpoint_s"],
+        restart_s=REPLAY["restart_s"],
+        work_h=work_h,
+        usd_per_gpu_hour=1.0,
+    )
+    tau_exp = float(analytic.optimal_interval(REPLAY["checkpoint_s"], expo.mean_s))
+    s_best = Scenario(
+        name="lanl-best", mtbf_h=best.mean_s / HOUR, failure=fit.failure_spec(best), **base
+    )
+    res = optimize.optimize_by_simulation(
+        s_best, replicas=REPLICAS, seed=SEED, adaptive=False, bootstrap=50, baselines=()
+    )
+    tau_best = res["interval_s"]
+    window = 4.0 * work_h * HOUR
+    span = float(times[-1])
+
+    def trace(rng):
+        start = rng.uniform(0.0, span - window)
+        return times[(times >= start) & (times < start + window)] - start
+
+    s_trace = Scenario(name="lanl-trace", mtbf_h=expo.mean_s / HOUR, **base)
+    taus = [tau_exp, tau_best, 3600.0]
+    labels = ["exponential fit (Young/Daly exact)", f"best fit ({best.family}, simulated)", "1 h"]
+    out = optimize.evaluate(
+        s_trace, [FixedInterval(t) for t in taus], replicas=REPLICAS, seed=SEED + 1,
+        failure_times=trace,
+    )  # fmt: skip
+    cost, wall = out["cost_usd"], out["wall_s"]
+    rows = [
+        "| interval from | interval, min | mean waste | excess cost vs best fit's (95% CI) |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for i, (lab, t) in enumerate(zip(labels, taus, strict=True)):
+        ex = paired_excess(cost[i], cost[1])
+        ref = cost[1].mean()
+        rows.append(
+            f"| {lab} | {t / 60:.1f} | {100 * (1 - work_h * HOUR / wall[i].mean()):.2f}% | "
+            f"{100 * ex['mean'] / ref:+.2f}% ({100 * ex['lo'] / ref:+.2f}% to "
+            f"{100 * ex['hi'] / ref:+.2f}%) |"
+        )
+    return [
+        f"## Replaying system {sysno}'s failures against a job",
+        "",
+        f"System {sysno}'s {times.size} distinct failure times (any node: each stops a "
+        f"whole-system job) give {gaps.size} gaps; best fit by AIC **{best.family}** "
+        f"({', '.join(f'{k} = {v:.4g}' for k, v in best.params.items())}), exponential mean "
+        f"{expo.mean_s / HOUR:.2f} h. Assumed job (not from the record): {work_h:.0f} h of "
+        f"work on all {nodes} nodes, a {REPLAY['checkpoint_s']:.0f} s save, "
+        f"{REPLAY['restart_s']:.0f} s restart. The exponential fit's interval is the exact "
+        f"closed-form optimum; the best fit's is `optimize_by_simulation` on a renewal process "
+        f"of that family ({REPLICAS} replicas). Each replica then replays the real failures "
+        f"from a random start in the record ({REPLICAS} replicas, the same windows for every "
+        "interval).",
+        "",
+        fit.fits_table(fits, HOUR, "h"),
+        "",
+        *rows,
+        "",
+        f"The best fit's interval is {100 * (tau_best / tau_exp - 1):+.1f}% from the "
+        "exponential fit's (the best fit's search has its own noise: 95% CI "
+        f"{res['interval_ci_s'][0] / 60:.1f}–{res['interval_ci_s'][1] / 60:.1f} min); the "
+        "table's excess is what that difference costs on the real failures.",
+        "",
+    ]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=SOURCE)
@@ -126,6 +221,7 @@ def main(argv=None) -> None:
         "",
         *tbf_section(table),
         *repair_section(table),
+        *replay_section(table),
     ]
     REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {REPORT.relative_to(ROOT)}")

@@ -50,3 +50,12 @@ def test_the_hazard_shape_is_measured_not_assumed():
     lo, hi = w.ci95["shape"]
     assert not lo <= naive.params["shape"] <= hi
     assert w.params["shape"] < 1
+
+
+def test_system_failure_times_are_the_distinct_starts_of_any_node():
+    from experiments.lanl_fit import system_failure_times
+
+    table = lanl.load_table()
+    t = system_failure_times(table, 18)
+    assert t[0] == 0 and np.all(np.diff(t) > 0)
+    assert t.size == table.loc[table.system == 18, "start"].nunique()
