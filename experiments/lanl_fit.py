@@ -12,6 +12,7 @@ decreasing hazard (Weibull shape < 1) for times between failures, lognormal repa
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -203,7 +204,7 @@ def replay_section(table) -> list[str]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=SOURCE)
-    args = parser.parse_args(argv)
+    args = parser.parse_args([] if argv is None else argv)  # run_all calls main()
     if args.source.exists():
         # mtime 0: a rebuild from the same release is byte-identical, so git sees no change.
         lanl.build_table(args.source).to_csv(
@@ -228,4 +229,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
