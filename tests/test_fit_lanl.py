@@ -59,3 +59,26 @@ def test_system_failure_times_are_the_distinct_starts_of_any_node():
     t = system_failure_times(table, 18)
     assert t[0] == 0 and np.all(np.diff(t) > 0)
     assert t.size == table.loc[table.system == 18, "start"].nunique()
+
+
+def test_ckptsim_fit_on_a_lanl_system_gives_the_study_numbers(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from simulator.cli import main
+    from simulator.fit import fit_all
+
+    nl = lanl.node_lifetimes(lanl.load_table(), 20)
+    log = tmp_path / "lanl20.csv"
+    pd.DataFrame({"duration": nl.durations_s, "event": nl.observed.astype(int)}).to_csv(
+        log, index=False, float_format="%.17g"
+    )
+    assert main(["fit", str(log), "--unit", "s", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    study = fit_all(nl.durations_s, nl.observed)
+    assert [f["family"] for f in got["families"]] == [f.family for f in study]
+    for row, f in zip(got["families"], study, strict=True):
+        assert row["aic"] == pytest.approx(f.aic, rel=1e-9)
+        for k, v in f.params.items():
+            assert row["params"][k] == pytest.approx(v, rel=1e-6)
