@@ -88,6 +88,10 @@ def read_table(path: str | Path):
             # Not comma-separated after all: let the sniffer find the delimiter.
             df = pd.read_csv(path, sep=None, engine="python", skipinitialspace=True)
         return df
+    except ImportError:
+        raise InputError(
+            f"{path}: reading Parquet needs pyarrow (pip install 'ckptsim[parquet]'), or give a CSV"
+        ) from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: the failure log is empty (no header, no rows)") from None
     except (ValueError, OSError, pd.errors.ParserError) as exc:
