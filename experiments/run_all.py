@@ -10,6 +10,7 @@ import time
 # run on their own: `python -m experiments.bench_checkpoint`, `python -m experiments.closed_loop`.
 STUDIES = (
     "titan_fit",
+    "lanl_fit",
     "daly_validation",
     "llama3_scale",
     "llama3_calibration",

@@ -10,11 +10,16 @@ or counting their end of observation as a failure, biases the fitted lifetimes s
 lognormal by minimising the negative log-likelihood over log-parameters), with 95% confidence
 intervals from the observed information (numerical Hessian on the log scale, Wald intervals
 mapped back, so they stay positive). ``fit_all`` ranks families by AIC = 2k - 2 log L.
+``km_check`` measures each fit against the Kaplan–Meier estimate (scipy.stats.ecdf on the
+censored data): the largest gap between the two survival curves and the share of failure
+times at which the fit lies inside Kaplan–Meier's 95% band. ``failure_spec`` turns a fit into
+the scenario's ``failure`` string (the mean goes in ``gpu_mtbf_h`` or ``mtbf_h``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -27,15 +32,18 @@ __all__ = [
     "FAMILIES",
     "FitResult",
     "best_fit",
+    "failure_spec",
     "fit_all",
     "fit_lifetime",
     "fits_table",
+    "km_check",
     "plot_survival",
 ]
 
 FAMILIES = ("exponential", "weibull", "lognormal")
 _Z95 = stats.norm.ppf(0.975)
 _HOUR = 3600.0
+_KM_MIN_AT_RISK = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,6 +273,46 @@ def fit_all(durations_s, observed, families=FAMILIES) -> list[FitResult]:
 def best_fit(durations_s, observed, families=FAMILIES) -> FitResult:
     """The family with the lowest AIC."""
     return fit_all(durations_s, observed, families)[0]
+
+
+def km_check(durations_s, observed, fit: FitResult) -> dict[str, float]:
+    """How far a fit's survival curve is from Kaplan–Meier's, at the observed failure times.
+
+    ``max_gap``: the largest |S_KM(t) - S_fit(t)| while 10 or more units are at risk (a
+    Kolmogorov-type distance; censoring makes its textbook p-value invalid, so none is given).
+    ``in_band``: the share of failure times at which S_fit lies inside Kaplan–Meier's 95%
+    pointwise confidence band.
+    """
+    t, obs = _check(durations_s, observed)
+    km = stats.ecdf(stats.CensoredData(uncensored=t[obs], right=t[~obs])).sf
+    with warnings.catch_warnings():
+        # The band is undefined where KM reaches 0 or 1; those points are skipped below.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        band = km.confidence_interval(0.95)
+    x = km.quantiles
+    fitted = np.asarray(fit.lifetime.survival(x), dtype=float)
+    # Just before each failure time the KM curve still has its previous value.
+    before = np.concatenate(([1.0], km.probabilities[:-1]))
+    gap = np.maximum(np.abs(km.probabilities - fitted), np.abs(before - fitted))
+    # Past the last few units at risk KM is a step of a few units' worth: noise, not misfit.
+    at_risk = t.size - np.searchsorted(np.sort(t), x, side="left")
+    gap = gap[at_risk >= min(_KM_MIN_AT_RISK, t.size)]
+    lo, hi = band.low.probabilities, band.high.probabilities
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    inside = (fitted[ok] >= lo[ok] - 1e-12) & (fitted[ok] <= hi[ok] + 1e-12)
+    return {
+        "max_gap": float(gap.max()),
+        "in_band": float(inside.mean()) if inside.size else math.nan,
+    }
+
+
+def failure_spec(fit: FitResult) -> str:
+    """The scenario ``failure`` string of a fit: its family and shape (the mean goes apart)."""
+    if fit.family == "weibull":
+        return f"weibull:shape={fit.params['shape']:.6g}"
+    if fit.family == "lognormal":
+        return f"lognormal:sigma={fit.params['sigma']:.6g}"
+    return "exponential"
 
 
 def fits_table(results: list[FitResult], time_unit_s: float = _HOUR, unit: str = "h") -> str:

@@ -14,7 +14,7 @@ import sys
 from simulator.cli.common import OneLineParser, fail
 from simulator.errors import InputError
 
-COMMANDS = ("optimize", "simulate", "bench", "sweep", "plot", "demo")
+COMMANDS = ("optimize", "simulate", "fit", "bench", "sweep", "plot", "demo")
 
 
 def build_parser() -> OneLineParser:

@@ -1,0 +1,278 @@
+"""`ckptsim fit`: a user's failure log in, censored fits with honest intervals and a scenario out.
+
+Every test writes a real CSV or Parquet file with known parameters and runs the real command
+(in this process through ``simulator.cli.main``, or as ``python -m simulator`` for the
+round trip), the way a user would.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+from simulator.failures import LogNormal, Weibull
+
+HOUR = 3600.0
+
+
+def run_cli(capsys, *argv):
+    """(exit status, stdout, stderr) of ``ckptsim fit ARGV`` run in this process."""
+    try:
+        code = main(["fit", *map(str, argv)])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fit_json(capsys, *argv):
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def family(result, name):
+    return next(f for f in result["families"] if f["family"] == name)
+
+
+def inside(ci, value):
+    lo, hi = ci
+    return lo <= value <= hi
+
+
+def censor_mean_for(life, rate, rng):
+    """Mean of exponential censoring times that censor about ``rate`` of ``life``'s units."""
+    x = life.sample(rng, 40_000)
+    e = rng.exponential(1.0, x.size)
+    lo, hi = 1e-3 * life.mean_s, 1e4 * life.mean_s
+    for _ in range(60):
+        mid = np.sqrt(lo * hi)
+        lo, hi = (mid, hi) if np.mean(e * mid < x) > rate else (lo, mid)
+    return np.sqrt(lo * hi)
+
+
+def lifetimes_csv(path, life, n, rate, seed):
+    rng = np.random.default_rng(seed)
+    x = life.sample(rng, n)
+    if rate == 0:
+        t, event = x, np.ones(n, int)
+    else:
+        c = rng.exponential(censor_mean_for(life, rate, rng), n)
+        t, event = np.minimum(x, c), (x <= c).astype(int)
+    pd.DataFrame({"duration": t / HOUR, "event": event}).to_csv(path, index=False)
+    return 1 - event.mean()
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 0.6, 0.9])
+def test_weibull_parameters_are_recovered_within_their_intervals_at_any_censoring_rate(
+    capsys, tmp_path, rate
+):
+    truth = Weibull(0.7, 100 * HOUR)
+    log = tmp_path / "life.csv"
+    seen = lifetimes_csv(log, truth, 3000, rate, seed=int(rate * 10) + 1)
+    got = fit_json(capsys, log, "--unit", "h")
+    assert got["censored"] == round(seen * 3000)
+    assert abs(seen - rate) < 0.03
+    w = family(got, "weibull")
+    assert inside(w["ci95"]["shape"], 0.7), w
+    assert inside(w["ci95"]["scale_s"], 100 * HOUR), w
+    assert inside(w["ci95"]["mean_s"], truth.mean_s), w
+    assert got["best"] == "weibull"
+    # The intervals narrow with the number of failures, not of units.
+    width = np.log(w["ci95"]["shape"][1] / w["ci95"]["shape"][0])
+    assert width < 4 * 1.96 / np.sqrt(got["events"])
+
+
+def test_lognormal_truth_is_ranked_first_and_recovered_under_heavy_censoring(capsys, tmp_path):
+    truth = LogNormal(1.5, 20 * HOUR)
+    log = tmp_path / "life.csv"
+    lifetimes_csv(log, truth, 3000, 0.7, seed=8)
+    got = fit_json(capsys, log)
+    ln = family(got, "lognormal")
+    assert got["best"] == "lognormal"
+    assert got["families"][0]["family"] == "lognormal"
+    aics = [f["aic"] for f in got["families"]]
+    assert aics == sorted(aics)
+    assert inside(ln["ci95"]["sigma"], 1.5) and inside(ln["ci95"]["scale_s"], 20 * HOUR)
+    # The true model stays near Kaplan-Meier; the exponential one does not.
+    assert ln["km"]["max_gap"] < 0.05 < family(got, "exponential")["km"]["max_gap"]
+
+
+def test_parquet_and_csv_copies_of_a_log_give_the_same_fit(capsys, tmp_path):
+    csv = tmp_path / "life.csv"
+    lifetimes_csv(csv, Weibull(1.5, 10 * HOUR), 400, 0.4, seed=3)
+    pq = tmp_path / "life.data"  # no suffix: recognised by its magic bytes
+    pd.read_csv(csv).to_parquet(pq)
+    a, b = fit_json(capsys, csv), fit_json(capsys, pq)
+    assert a["families"] == b["families"]
+
+
+def renewal_log(rng, life, nodes, window_s):
+    """Failure times of ``nodes`` renewal processes over [0, window]: (node, time) rows."""
+    rows = []
+    for node in range(nodes):
+        t = life.sample(rng, 1)[0] * rng.uniform()  # some age at the start of the log
+        while t < window_s:
+            rows.append((f"n{node:03d}", t))
+            t += life.sample(rng, 1)[0]
+    return pd.DataFrame(rows, columns=["node", "t"]).sample(frac=1.0, random_state=1)
+
+
+def test_component_timestamps_become_gaps_censored_at_the_end_of_the_log(capsys, tmp_path):
+    truth = Weibull(0.8, 200 * HOUR)
+    window = 5000 * HOUR
+    df = renewal_log(np.random.default_rng(11), truth, 120, window)
+    df["when"] = pd.Timestamp("2021-03-01") + pd.to_timedelta(df.pop("t"), unit="s")
+    log = tmp_path / "events.csv"
+    df.to_csv(log, index=False)
+    end = (pd.Timestamp("2021-03-01") + pd.Timedelta(seconds=window)).isoformat()
+    got = fit_json(capsys, log, "--time-column", "when", "--component-column", "node",
+                   "--end", end)  # fmt: skip
+    assert got["components"] == 120
+    # Each node: one gap fewer than its failures, plus one censored gap to the end.
+    assert got["events"] == len(df) - 120
+    assert got["censored"] == 120
+    w = family(got, "weibull")
+    assert inside(w["ci95"]["shape"], 0.8) and inside(w["ci95"]["scale_s"], 200 * HOUR), w
+
+
+def test_without_an_end_the_last_failure_closes_the_log_and_numbers_are_in_the_unit(
+    capsys, tmp_path
+):
+    times_d = np.cumsum(np.random.default_rng(5).exponential(2.0, 400))  # mean 2 days
+    log = tmp_path / "system.csv"
+    pd.DataFrame({"failure_time": times_d}).to_csv(log, index=False)
+    got = fit_json(capsys, log, "--unit", "d")
+    assert got["events"] == 399 and got["censored"] == 0
+    e = family(got, "exponential")
+    assert e["params"]["mean_s"] == pytest.approx(np.diff(times_d).mean() * 86400)
+    assert inside(e["ci95"]["mean_s"], 2 * 86400)
+
+
+def test_each_cause_gets_its_own_failure_and_repair_fit(capsys, tmp_path):
+    rng = np.random.default_rng(21)
+    # Two competing exponential causes, hardware mean 10 h and software mean 30 h; repairs
+    # lognormal, hardware slower.
+    hw, sw = rng.exponential(10.0, 3000), rng.exponential(30.0, 3000)
+    cause = np.where(hw < sw, "hardware", "software")
+    repair = np.where(cause == "hardware", rng.lognormal(np.log(4), 0.8, 3000),
+                      rng.lognormal(np.log(0.5), 0.8, 3000))  # fmt: skip
+    log = tmp_path / "system.csv"
+    pd.DataFrame({"time": np.cumsum(np.minimum(hw, sw)), "cause": cause,
+                  "down_time": repair}).to_csv(log, index=False)  # fmt: skip
+    got = fit_json(capsys, log)
+    causes = got["causes"]
+    assert set(causes) == {"hardware", "software"}
+    for name, mean_h, median_h in (("hardware", 10, 4), ("software", 30, 0.5)):
+        c = causes[name]
+        assert c["events"] + c["censored"] == got["units"]
+        assert inside(family(c, "exponential")["ci95"]["mean_s"], mean_h * HOUR), name
+        rep = c["repair"]
+        assert rep["best"] == "lognormal"
+        ln = family(rep, "lognormal")
+        assert inside(ln["ci95"]["sigma"], 0.8) and inside(ln["ci95"]["scale_s"], median_h * HOUR)
+    assert got["repair"]["events"] == 3000
+
+
+def test_the_scenario_it_writes_is_what_optimize_and_simulate_take(capsys, tmp_path):
+    truth = Weibull(0.7, 30 * HOUR)
+    rng = np.random.default_rng(2)
+    log = tmp_path / "cluster.csv"
+    pd.DataFrame({"t_h": np.cumsum(truth.sample(rng, 600)) / HOUR}).to_csv(log, index=False)
+    out = tmp_path / "mine.toml"
+    got = fit_json(capsys, log, "--scenario-out", out, "--checkpoint-s", "120",
+                   "--work-h", "200")  # fmt: skip
+    best = got["families"][0]
+    assert got["best"] == "weibull"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    opt = subprocess.run(
+        [sys.executable, "-m", "simulator", "optimize", "--scenario", str(out), "--json"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    scenario = json.loads(opt.stdout)["scenario"]
+    assert scenario["mtbf_h"] == pytest.approx(best["mean_s"] / HOUR, rel=1e-5)
+    assert scenario["failure"] == f"weibull:shape={best['params']['shape']:.6g}"
+    assert scenario["checkpoint_s"] == 120
+    sim = subprocess.run(
+        [sys.executable, "-m", "simulator", "simulate", str(out), "--replicas", "20",
+         "--json", "--no-progress"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)
+
+
+def test_a_lifetimes_log_needs_gpus_for_a_scenario_and_then_sets_the_per_unit_mtbf(
+    capsys, tmp_path
+):
+    log = tmp_path / "life.csv"
+    lifetimes_csv(log, Weibull(0.9, 500 * HOUR), 500, 0.5, seed=4)
+    out = tmp_path / "s.toml"
+    code, _, err = run_cli(capsys, log, "--scenario-out", out)
+    assert code == 2 and "--gpus" in err and len(err.strip().splitlines()) == 1
+    got = fit_json(capsys, log, "--scenario-out", out, "--gpus", "64")
+    text = out.read_text()
+    assert "gpus = 64" in text and "gpus_per_node = 1" in text
+    mean_h = got["families"][0]["mean_s"] / HOUR
+    assert f"gpu_mtbf_h = {mean_h:.6g}" in text
+
+
+def test_plot_draws_the_survival_curves_to_a_png(capsys, tmp_path):
+    log = tmp_path / "life.csv"
+    lifetimes_csv(log, Weibull(0.9, 50 * HOUR), 300, 0.5, seed=6)
+    png = tmp_path / "s.png"
+    code, out, err = run_cli(capsys, log, "--plot", png)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "best (lowest AIC)" in out
+
+
+BAD_LOGS = {
+    "no rows": ("duration,event\n", "no rows"),
+    "negative duration": ("duration,event\n3,1\n-2,1\n5,0\n", "negative duration"),
+    "unparseable time": ("time,node\n2024-01-01,a\nyesterday-ish,b\n2024-01-03,a\n", "parse"),
+    "all censored": ("duration,event\n3,0\n4,0\n5,0\n", "censored"),
+    "single-event cause": (
+        "time,cause\n1,hw\n2,hw\n3,sw\n4,hw\n6,hw\n",
+        "single failure",
+    ),
+    "not a table": ("\x00\x01garbage", "row"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LOGS))
+def test_a_bad_log_gets_one_clear_line_and_status_2(capsys, tmp_path, case):
+    text, needle = BAD_LOGS[case]
+    log = tmp_path / "bad.csv"
+    log.write_text(text)
+    code, out, err = run_cli(capsys, log)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ckptsim fit: error:") and needle in lines[0], lines[0]
+    assert "Traceback" not in err and out == ""
+
+
+def test_a_missing_file_and_a_missing_column_are_one_line_each(capsys, tmp_path):
+    code, _, err = run_cli(capsys, tmp_path / "nope.csv")
+    assert code == 2 and "cannot read" in err and len(err.strip().splitlines()) == 1
+    log = tmp_path / "x.csv"
+    log.write_text("a,b\n1,2\n")
+    code, _, err = run_cli(capsys, log)
+    assert code == 2 and "--time-column" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, log, "--duration-column", "zzz")
+    assert code == 2 and "'zzz'" in err
+
+
+def test_help_explains_both_shapes_with_an_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = capsys.readouterr().out
+    for needle in ("lifetimes", "timestamps", "--unit", "--scenario-out", "examples:",
+                   "ckptsim optimize --scenario"):  # fmt: skip
+        assert needle in text

@@ -1,0 +1,84 @@
+"""The committed LANL table is the release's, and its lifetimes are censored as documented."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator import lanl
+from simulator.fit import fit_lifetime
+
+_ROOT = Path(__file__).resolve().parents[1]
+_REL = "shared/data/lanl/LA-UR-05-7318-failure-data-1996-2005.csv.xz"
+# The shared data sit beside the checkout (../shared), or beside a worktree's parent.
+SOURCE = next((p / _REL for p in (_ROOT.parent, _ROOT.parent.parent) if (p / _REL).exists()),
+              _ROOT.parent / _REL)  # fmt: skip
+
+
+def test_the_table_holds_every_released_failure_with_its_cause():
+    table = lanl.load_table()
+    assert len(table) == 23_739
+    counts = table.cause.value_counts()
+    # The release's README counts by category.
+    assert counts["Hardware"] == 14_341 and counts["Software"] == 5_361
+    assert counts["Undetermined"] == 2_652 and counts["Human Error"] == 149
+
+
+@pytest.mark.skipif(not SOURCE.exists(), reason="the released LANL file is not on this machine")
+def test_the_committed_table_is_rebuilt_exactly_from_the_release(tmp_path):
+    import pandas as pd
+
+    rebuilt = tmp_path / "t.csv"
+    lanl.build_table(SOURCE).to_csv(rebuilt, index=False)
+    pd.testing.assert_frame_equal(pd.read_csv(rebuilt), lanl.load_table())
+
+
+def test_every_node_ends_censored_and_never_failed_nodes_are_counted():
+    table = lanl.load_table()
+    nl = lanl.node_lifetimes(table, 20)
+    assert nl.nodes_seen + nl.nodes_never_failed == 512
+    # One censored lifetime per node: its last failure to decommission, or a whole life.
+    assert int((~nl.observed).sum()) == 512
+    assert nl.observed.sum() == table[table.system == 20].groupby("node").start.nunique().sum()
+
+
+def test_the_hazard_shape_is_measured_not_assumed():
+    nl = lanl.node_lifetimes(lanl.load_table(), 18)
+    w = fit_lifetime(nl.durations_s, nl.observed, "weibull")
+    # Dropping the censored tails (a common mistake) moves the shape: the censoring matters.
+    naive = fit_lifetime(nl.durations_s[nl.observed], np.ones(nl.observed.sum(), bool), "weibull")
+    lo, hi = w.ci95["shape"]
+    assert not lo <= naive.params["shape"] <= hi
+    assert w.params["shape"] < 1
+
+
+def test_system_failure_times_are_the_distinct_starts_of_any_node():
+    from experiments.lanl_fit import system_failure_times
+
+    table = lanl.load_table()
+    t = system_failure_times(table, 18)
+    assert t[0] == 0 and np.all(np.diff(t) > 0)
+    assert t.size == table.loc[table.system == 18, "start"].nunique()
+
+
+def test_ckptsim_fit_on_a_lanl_system_gives_the_study_numbers(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from simulator.cli import main
+    from simulator.fit import fit_all
+
+    nl = lanl.node_lifetimes(lanl.load_table(), 20)
+    log = tmp_path / "lanl20.csv"
+    pd.DataFrame({"duration": nl.durations_s, "event": nl.observed.astype(int)}).to_csv(
+        log, index=False, float_format="%.17g"
+    )
+    assert main(["fit", str(log), "--unit", "s", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    study = fit_all(nl.durations_s, nl.observed)
+    assert [f["family"] for f in got["families"]] == [f.family for f in study]
+    for row, f in zip(got["families"], study, strict=True):
+        assert row["aic"] == pytest.approx(f.aic, rel=1e-9)
+        for k, v in f.params.items():
+            assert row["params"][k] == pytest.approx(v, rel=1e-6)
