@@ -24,7 +24,7 @@ import numpy as np
 
 from simulator.errors import InputError
 
-__all__ = ["UNITS", "FailureLog", "read_failure_log", "read_table"]
+__all__ = ["UNITS", "FailureLog", "parse_times", "pick_column", "read_failure_log", "read_table"]
 
 UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -99,7 +99,7 @@ def read_table(path: str | Path):
         raise InputError(f"{path}: not a readable CSV or Parquet table ({first})") from None
 
 
-def _pick(df, role: str, given: str | None, *, required: bool = False) -> str | None:
+def pick_column(df, role: str, given: str | None, *, required: bool = False) -> str | None:
     cols = list(df.columns)
     if given is not None:
         if given not in cols:
@@ -166,7 +166,7 @@ def _event_flags(series, column: str) -> np.ndarray:
     return ~flags if "censor" in str(column).lower() else flags
 
 
-def _times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
+def parse_times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
     """Seconds (numbers in the unit, or dates relative to the first) and whether they were dates."""
     import pandas as pd
 
@@ -226,10 +226,10 @@ def read_failure_log(
     if len(df) == 0:
         raise InputError(f"{path}: the failure log has a header but no rows")
     lifetimes = duration_column is not None or (
-        time_column is None and _pick(df, "duration", None) is not None
+        time_column is None and pick_column(df, "duration", None) is not None
     )
-    cause_col = _pick(df, "cause", cause_column)
-    repair_col = _pick(df, "repair", repair_column)
+    cause_col = pick_column(df, "cause", cause_column)
+    repair_col = pick_column(df, "repair", repair_column)
     if lifetimes:
         return _read_lifetimes(df, unit_s, duration_column, event_column, cause_col, repair_col)
     return _read_timestamps(df, unit_s, time_column, component_column, cause_col, repair_col, end)
@@ -256,12 +256,12 @@ def _repairs(df, column, unit_s, cause_col, failed=None):
 
 
 def _read_lifetimes(df, unit_s, duration_column, event_column, cause_col, repair_col):
-    dcol = _pick(df, "duration", duration_column, required=True)
+    dcol = pick_column(df, "duration", duration_column, required=True)
     durations = _numbers(df[dcol], dcol, unit_s, "time")
     if np.any(durations < 0):
         i = int(np.flatnonzero(durations < 0)[0])
         raise InputError(f"column {dcol!r} row {i + 1}: negative duration {df[dcol].iloc[i]!r}")
-    ecol = _pick(df, "event", event_column)
+    ecol = pick_column(df, "event", event_column)
     observed = np.ones(len(df), bool) if ecol is None else _event_flags(df[ecol], ecol)
     causes = None
     if cause_col is not None:
@@ -279,9 +279,9 @@ def _read_lifetimes(df, unit_s, duration_column, event_column, cause_col, repair
 
 
 def _read_timestamps(df, unit_s, time_column, component_column, cause_col, repair_col, end):
-    tcol = _pick(df, "time", time_column, required=True)
-    times, dates = _times(df[tcol], tcol, unit_s)
-    ccol = _pick(df, "component", component_column)
+    tcol = pick_column(df, "time", time_column, required=True)
+    times, dates = parse_times(df[tcol], tcol, unit_s)
+    ccol = pick_column(df, "component", component_column)
     if ccol in (tcol, cause_col, repair_col):
         ccol = None
     if component_column is None and ccol is not None and df[ccol].nunique() == len(df):

@@ -85,12 +85,12 @@ def test_a_random_start_leaves_the_job_a_full_window_of_the_trace():
 @pytest.mark.parametrize(
     "content, argv, fragment",
     [
-        (None, [], "no such file"),
-        ("", [], "cannot read failure log"),
+        (None, [], "No such file or directory"),
+        ("", [], "the failure log is empty"),
         ("time\n", [], "no rows"),
-        ("a,b\n1,2\n", [], "give --time-column"),
+        ("a,b\n1,2\n", [], "name it with --time-column"),
         ("a,b\n1,2\n", ["--time-column", "c"], "no column 'c'"),
-        ("time\nfoo\n3\n", [], "'foo' in column 'time' is neither a number nor a timestamp"),
+        ("time\nfoo\n3\n", [], "cannot parse 'foo' as a time"),
         ("time\n-5\n3\n", [], "not negative"),
         ("time\n0\n", [], "no failure after the job's start"),
         ("time\n2024-01-01\n", [], "no failure after the job's start"),
