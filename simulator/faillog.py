@@ -17,6 +17,7 @@ Every problem with the file is an ``InputError`` naming the column and the bad v
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,12 +174,15 @@ def parse_times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
     numeric = pd.to_numeric(series, errors="coerce")
     if numeric.notna().all():
         return numeric.to_numpy(dtype=float) * unit_s, False
-    parsed = pd.to_datetime(series, errors="coerce", format="mixed")
+    # utc=True: offsets may differ row to row (a DST change, two sites); naive times are UTC.
+    parsed = pd.to_datetime(series, errors="coerce", format="mixed", utc=True)
     if parsed.isna().any():
         i = int(np.flatnonzero(parsed.isna().to_numpy())[0])
+        value = series.iloc[i]
+        what = "is blank" if pd.isna(value) else f"cannot parse {value!r} as a time"
         raise InputError(
-            f"column {column!r} row {i + 1}: cannot parse {series.iloc[i]!r} as a time "
-            "(give numbers in --unit, or dates such as 2024-05-01 13:20)"
+            f"column {column!r} row {i + 1}: {what} (give numbers in --unit, or dates such "
+            "as 2024-05-01 13:20)"
         )
     if getattr(parsed.dt, "tz", None) is not None:
         parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
@@ -192,9 +196,13 @@ def _end_s(end: str | None, unit_s: float, dates: bool) -> float | None:
     import pandas as pd
 
     try:
-        return float(end) * unit_s
+        value = float(end)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(value):
+            raise InputError(f"--end {end!r}: the end of the log must be a finite time")
+        return value * unit_s
     if not dates:
         raise InputError(f"--end {end!r}: the log's times are numbers, so give a number in --unit")
     try:

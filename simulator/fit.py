@@ -100,7 +100,7 @@ def _check(durations_s, observed) -> tuple[np.ndarray, np.ndarray]:
     if t.size == 0:
         raise InputError("durations_s is empty: need at least one unit's time in seconds")
     if not np.all(np.isfinite(t)) or np.any(t <= 0):
-        raise InputError("durations_s must all be positive, finite numbers of seconds")
+        raise InputError("every lifetime must be a positive, finite duration")
     if obs.dtype != bool:
         if not np.all(np.isin(obs, (0, 1))):
             raise InputError("observed must be booleans (True = failed, False = censored)")
@@ -196,7 +196,10 @@ def _start(family: str) -> np.ndarray:
 
 def _fit_two_param(family, t, obs) -> FitResult:
     if np.unique(t[obs]).size < 2:
-        raise InputError(f"a {family} fit needs failures at two or more distinct durations_s")
+        raise InputError(
+            f"a {family} fit needs failures at two or more different durations (all failures "
+            "in this log lasted the same time)"
+        )
     nll, mean_fn, names, factory = _TWO_PARAM[family]
     # Work in units of the exponential mean so both log-parameters start near zero.
     t_ref = t.sum() / obs.sum()

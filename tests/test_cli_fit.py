@@ -242,6 +242,8 @@ BAD_LOGS = {
         "single failure",
     ),
     "not a table": ("\x00\x01garbage", "row"),
+    "a blank time": ("time,node\n2024-01-01,a\n,b\n2024-01-03,a\n2024-01-04,b\n", "blank"),
+    "every failure as long": ("duration,event\n5,1\n5,1\n5,1\n5,0\n", "same time"),
 }
 
 
@@ -276,3 +278,23 @@ def test_help_explains_both_shapes_with_an_example(capsys):
     for needle in ("lifetimes", "timestamps", "--unit", "--scenario-out", "examples:",
                    "ckptsim optimize --scenario"):  # fmt: skip
         assert needle in text
+
+
+def test_timestamps_with_different_utc_offsets_are_one_clock(capsys, tmp_path):
+    # A DST change or two sites in one log: +02:00, Z and naive (taken as UTC) rows together.
+    log = tmp_path / "tz.csv"
+    log.write_text(
+        "time\n2024-01-01T00:00:00Z\n2024-01-02T02:00:00+02:00\n2024-01-04T00:00:00\n"
+        "2024-01-07T00:00:00Z\n2024-01-11T00:00:00-01:00\n"
+    )
+    got = fit_json(capsys, log, "--unit", "d")
+    exp = family(got, "exponential")
+    # Gaps 1, 2, 3, 4 days + 1 h (the -01:00 row is 01:00 UTC): the mean is their average.
+    assert got["events"] == 4 and exp["mean_s"] == pytest.approx((10 * 86400 + 3600) / 4)
+
+
+def test_an_end_that_is_not_a_finite_time_is_one_line(capsys, tmp_path):
+    log = tmp_path / "t.csv"
+    log.write_text("time\n1\n2\n5\n9\n12\n")
+    code, out, err = run_cli(capsys, log, "--end", "inf")
+    assert code == 2 and out == "" and "finite" in err and len(err.strip().splitlines()) == 1
