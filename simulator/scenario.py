@@ -172,13 +172,13 @@ class Scenario:
             raise InputError("gpu_mtbf_h (per-GPU MTBF) needs gpus to scale to the cluster")
         if self.gpus is not None and self.gpus_per_node > self.gpus:
             raise InputError(f"gpus_per_node ({self.gpus_per_node}) exceeds gpus ({self.gpus})")
+        parse_failure(self.failure, 3600.0)  # validates the family spec early
+        self._validate_des_fields()  # node_mtbf_h's own rules first: the job's rate uses it
         if self.has_mtbf and self.system_mtbf_s < MIN_SECONDS:
             raise InputError(
                 f"the job's MTBF (gpu_mtbf_h / gpus) is {self.system_mtbf_s:.3g} s, under "
                 f"{MIN_SECONDS:g} s"
             )
-        parse_failure(self.failure, 3600.0)  # validates the family spec early
-        self._validate_des_fields()
 
     def _validate_des_fields(self) -> None:
         for name in ("spares", "writer_nodes"):

@@ -47,8 +47,18 @@ SPECIAL = {
     "--dask-scheduler": ["nonsense"],
     "--format": ["ckptsim", "torch", "nope"],
     "--interval-s": NUMBERS,
+    "--trace": ["fail.csv", "life.csv", "empty.csv", "bin.csv", "/nonexistent", "."],
+    "--end": [*NUMBERS, "2024-02-01", "2023-01-01", "tomorrow"],
+    "--scenario-out": ["s.toml", "", "/proc/none/s.toml", ".", "/dev/full"],
+    "--plot": ["p.png", "p.svg", "p.xlsx", "", "/proc/none/p.png", "."],
+    **{
+        f"--{role}-column": ["time", "node", "cause", "repair", "duration", "event", "nope", ""]
+        for role in ("time", "duration", "event", "component", "cause", "repair")
+    },
 }  # fmt: skip
-COMMANDS = ("optimize", "simulate", "sweep", "plot")
+COMMANDS = ("optimize", "simulate", "sweep", "plot", "fit")
+LOGS = ["fail.csv", "life.csv", "empty.csv", "bin.csv", "log.csv", "/nonexistent", "."]
+"""Failure logs for ``fit`` (written by ``_workspace``), good and bad."""
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -83,6 +93,7 @@ def argv_for(name: str):
     positional = {
         "plot": st.sampled_from(["interval", "size", "breakdown", "cost", "tornado", "controller"]),
         "simulate": st.sampled_from(["", "llama3", "nosuch.toml"]),
+        "fit": st.sampled_from(LOGS),
     }.get(name, st.just(""))
 
     @st.composite
@@ -92,10 +103,11 @@ def argv_for(name: str):
         first = draw(positional)
         if first:
             argv.append(first)
-        argv += draw(st.sampled_from(BASES)).split()
+        if name != "fit":  # fit describes no job
+            argv += draw(st.sampled_from(BASES)).split()
         for action in chosen:
             argv += draw(_flag_strategy(action))
-        if name != "optimize" or "--simulate" in argv:
+        if name not in ("optimize", "fit") or "--simulate" in argv:
             # Budgets small enough that anything valid ends in moments; in-process, one worker.
             argv += ["--max-core-hours", "0.0001"]
         if any(a.option_strings == ["--workers"] for a in flags):
@@ -111,6 +123,14 @@ def _workspace(tmp_path):
     (tmp_path / "table.csv").write_text("gpus,interval_s\n1024,900\n4096,600\n")
     (tmp_path / "empty.csv").write_text("")
     (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00")
+    rows = [f"2024-01-{d:02d}T{h:02d}:00:00,{n},{c},{r}" for d, h, n, c, r in (
+        (1, 3, 1, "hw", 2.5), (2, 7, 2, "sw", 0.5), (4, 1, 1, "hw", 3.0), (5, 9, 3, "sw", 1.0),
+        (8, 2, 2, "hw", 4.0), (9, 5, 1, "sw", 0.2), (12, 8, 3, "hw", 6.0), (15, 4, 2, "sw", 0.7),
+    )]  # fmt: skip
+    (tmp_path / "fail.csv").write_text("time,node,cause,repair\n" + "\n".join(rows) + "\n")
+    (tmp_path / "life.csv").write_text(
+        "duration,event\n" + "".join(f"{t},{1 - t % 2}\n" for t in range(3, 40, 3))
+    )
 
 
 def check(argv, capsys):

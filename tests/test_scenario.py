@@ -195,3 +195,9 @@ def test_the_titan_record_preset_has_the_whole_records_failure_rate():
     assert scenario.system_mtbf_s / HOUR == pytest.approx(whole_record_h, rel=1e-4)
     assert 7.5 < whole_record_h < 7.7  # vs the fitted Weibull's 3.0 h (the 2016 wave)
     assert load_scenario("titan").system_mtbf_s / HOUR == pytest.approx(3.01, abs=0.01)
+
+
+def test_a_node_mtbf_without_gpus_is_one_line_even_beside_a_system_mtbf():
+    # The job's-MTBF range check used to run first and divide by the missing node count.
+    with pytest.raises(InputError, match=r"node_mtbf_h .* needs gpus"):
+        Scenario(mtbf_h=3.0, node_mtbf_h=1.0)
