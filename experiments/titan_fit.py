@@ -108,17 +108,23 @@ def write_preset(best: fit.FitResult, path: Path) -> Scenario:
 # Assumed, not from the trace: checkpoint_s = 300 (112 TB of GPU memory to a ~1 TB/s Lustre
 #   file system plus coordination); restart_s = 900; work_h = 720 (a 30-day full-machine
 #   campaign); usd_per_gpu_hour = 0.50.
-name = "titan"
-gpus = 18688
-gpus_per_node = 1
-failure = "{spec}"
-gpu_mtbf_h = {mean_h:.1f}
-checkpoint_s = {ASSUMED["checkpoint_s"]}
-restart_s = {ASSUMED["restart_s"]}
-work_h = {ASSUMED["work_h"]}
-usd_per_gpu_hour = {ASSUMED["usd_per_gpu_hour"]}
 """
-    path.write_text(text, encoding="utf-8")
+    return _write_preset(path, text, "titan", spec, mean_h)
+
+
+def _write_preset(path: Path, header: str, name: str, failure: str, gpu_mtbf_h: float):
+    """A Titan preset: ``header`` (its comments), the facts, the fit and the assumptions."""
+    body = "\n".join(
+        [
+            f'name = "{name}"',
+            f"gpus = {titan.N_SLOTS}",
+            "gpus_per_node = 1",
+            f'failure = "{failure}"',
+            f"gpu_mtbf_h = {gpu_mtbf_h:.1f}",
+            *(f"{key} = {value}" for key, value in ASSUMED.items()),
+        ]
+    )
+    path.write_text(header + body + "\n", encoding="utf-8")
     return Scenario.from_toml(path)
 
 
@@ -147,18 +153,8 @@ def write_record_preset(rates: dict, path: Path) -> Scenario:
 #   the 2016 wave of old-batch failures (see reports/titan-fit.md, failures by year).
 # Facts: gpus = 18688, gpus_per_node = 1. Assumed as in `titan`: checkpoint_s, restart_s,
 #   work_h, usd_per_gpu_hour.
-name = "titan-record"
-gpus = 18688
-gpus_per_node = 1
-failure = "exponential"
-gpu_mtbf_h = {gpu_mtbf_h:.1f}
-checkpoint_s = {ASSUMED["checkpoint_s"]}
-restart_s = {ASSUMED["restart_s"]}
-work_h = {ASSUMED["work_h"]}
-usd_per_gpu_hour = {ASSUMED["usd_per_gpu_hour"]}
 """
-    path.write_text(text, encoding="utf-8")
-    return Scenario.from_toml(path)
+    return _write_preset(path, text, "titan-record", "exponential", gpu_mtbf_h)
 
 
 def fmt_h(seconds: float) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 from simulator.bench import formats as fmt_io
 from simulator.bench.state import DTYPES, FORMATS, build_state, parse_size
+from simulator.budget import mem_available_bytes
 from simulator.costmodel import BYTES_PER_PARAM, CostProfile
 from simulator.errors import InputError
 from simulator.results import goal_verdict, mean_ci
@@ -125,17 +126,6 @@ def check_directory(directory: Path) -> None:
     except OSError as exc:
         raise InputError(f"--dir {directory} is not writable: {exc.strerror}") from None
     os.rmdir(probe)
-
-
-def mem_available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def estimated_bytes(size: str, dtype: str) -> int:
