@@ -370,28 +370,23 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
 
     goals: dict[str, Any] = {}
     writer = at_largest("ckptsim")
-    if writer:
+    # Saves against the raw write, and restores against the raw read, of the same repeat: both
+    # sides read files whose pages were dropped after fsync, so a pair shares the disk's state.
+    for goal, key, ratio, at_least in (
+        ("writer_ratio_to_raw", "save_s", "ratio_to_raw", GOAL_WRITER_RATIO),
+        ("restore_ratio_to_raw", "load_s", "load_ratio_to_raw", GOAL_RESTORE_RATIO),
+    ):
+        if not writer:
+            break
         points = paired(
-            "ckptsim", "raw", lambda f, r: (f["bytes"] / f["save_s"]) / (r["bytes"] / r["save_s"])
+            "ckptsim", "raw", lambda f, r, k=key: (f["bytes"] / f[k]) / (r["bytes"] / r[k])
         )
-        goals["writer_ratio_to_raw"] = {
-            "value": writer["ratio_to_raw"],
-            "goal_min": GOAL_WRITER_RATIO,
+        goals[goal] = {
+            "value": writer[ratio],
+            "goal_min": at_least,
             "size": writer["size"],
             "dtype": writer["dtype"],
-        } | judged(points, at_least=GOAL_WRITER_RATIO)
-    if writer:
-        # Restore against the raw read of the same repeat: both read files whose pages were
-        # dropped after fsync, so the pair shares the disk's state at that moment.
-        points = paired(
-            "ckptsim", "raw", lambda f, r: (f["bytes"] / f["load_s"]) / (r["bytes"] / r["load_s"])
-        )
-        goals["restore_ratio_to_raw"] = {
-            "value": writer["load_ratio_to_raw"],
-            "goal_min": GOAL_RESTORE_RATIO,
-            "size": writer["size"],
-            "dtype": writer["dtype"],
-        } | judged(points, at_least=GOAL_RESTORE_RATIO)
+        } | judged(points, at_least=at_least)
     for fmt, sync in (("ckptsim-async", "ckptsim"), ("dcp-async", "dcp")):
         a = at_largest(fmt)
         if not a:

@@ -83,6 +83,16 @@ def seed_int(text: str) -> int:
     return nonnegative_int(text)
 
 
+def add_workers_flag(group, what: str = "worker processes") -> None:
+    """--workers P: processes for the runs (capped at the cores; results do not depend on P)."""
+    group.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="P",
+        help=f"{what} (default and most: all cores; the same answer for any P)",
+    )
+
+
 def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     """--max-core-hours and --max-memory-gb: the limits of ``simulator.budget``."""
     from simulator.budget import DEFAULT_MAX_CORE_HOURS

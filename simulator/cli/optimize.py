@@ -21,6 +21,7 @@ from typing import Any
 from simulator.cli.common import (
     add_budget_flags,
     add_scenario_flags,
+    add_workers_flag,
     positive_float,
     positive_int,
     seed_int,
@@ -94,12 +95,7 @@ def register(subparsers) -> None:
         "--replicas", type=positive_int, default=200, help="replicas per candidate (default 200)"
     )
     sim.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
-    sim.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="P",
-        help="worker processes for the DES (default and most: all cores; same answer for any P)",
-    )
+    add_workers_flag(sim, "worker processes for the DES")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_budget_flags(parser)
     parser.set_defaults(func=run)

@@ -17,6 +17,7 @@ import sys
 from simulator.cli.common import (
     add_budget_flags,
     add_scenario_flags,
+    add_workers_flag,
     positive_float,
     positive_int,
     seed_int,
@@ -116,12 +117,7 @@ def register(subparsers) -> None:
         help="des: the discrete-event reference; fast: the vectorised engine (plain model "
         "only); auto (default): fast where it applies, else des",
     )
-    mc.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="P",
-        help="worker processes (default and most: all cores)",
-    )
+    add_workers_flag(mc)
     mc.add_argument("--out", metavar="FILE", help="write per-replica records: .csv or .parquet")
     mc.add_argument("--json", action="store_true", help="print one JSON object instead")
     mc.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -17,6 +17,7 @@ import numpy as np
 from simulator.cli.common import (
     add_budget_flags,
     add_scenario_flags,
+    add_workers_flag,
     as_flags,
     positive_int,
     require_failure_rate,
@@ -71,9 +72,7 @@ def register(subparsers) -> None:
     )
     g.add_argument("--replicas", type=positive_int, default=100, metavar="N")
     g.add_argument("--seed", type=seed_int, default=0, metavar="S")
-    g.add_argument(
-        "--workers", type=positive_int, metavar="N", help="local processes (most: all cores)"
-    )
+    add_workers_flag(g, "local processes")
     g.add_argument("--dask-scheduler", metavar="ADDRESS", help="run on this Dask scheduler")
     g.add_argument("--engine", choices=("auto", "fast", "des"), default="auto")
     g.add_argument("--out", metavar="FILE", help="table to write (.parquet or .csv)")
