@@ -41,10 +41,20 @@ MAX_WALL_FACTOR = 1000.0
 """A replica that needs more than this many times its work in wall time is declared stuck."""
 
 
+def _refuse_tiers(scenario: Scenario) -> None:
+    if scenario.tiers or scenario.failure_classes:
+        # Not modelled here yet: refusing beats silently simulating one tier and one class.
+        raise InputError(
+            "the discrete-event model does not simulate [[tier]] or [[failure_class]] tables "
+            "yet; simulator.tiers.first_order_plan gives the first-order tier intervals"
+        )
+
+
 def failure_source_for(
     scenario: Scenario, gpu_rng: np.random.Generator, node_rng: np.random.Generator
 ) -> FailureSource:
     """Component failures of the scenario: every GPU (and node, if given) ages on its own."""
+    _refuse_tiers(scenario)
     stationary = scenario.component_age == "stationary"
     if scenario.gpus is None:
         # Only a job-level MTBF is known: the job is one component with the system lifetime.
@@ -72,6 +82,7 @@ class ClusterJob:
     ):
         if scenario.work_s is None:
             raise InputError("simulating a job needs work_h (failure-free compute, hours)")
+        _refuse_tiers(scenario)
         self.scenario, self.policy, self.source, self.rng = scenario, policy, failures, rng
         self.env = simpy.Environment()
         self.work_s = float(scenario.work_s)
