@@ -293,3 +293,76 @@ def _class_terms(scenario):
         rate = c.rate_per_s(scenario.gpus, scenario.nodes)
         out.append((c.name, rate, c.detection_s + restart + scenario.warmup_s))
     return out
+
+
+@dataclass(frozen=True)
+class TierSchedule:
+    """When each tier is saved: every ``intervals_s[tier]`` seconds of compute since that
+    tier's last save (``inf``: only the job's final save), or, for a tier in ``every``
+    (tier -> (base tier, k)), with every k-th save of the base tier."""
+
+    intervals_s: dict[str, float]
+    every: dict[str, tuple[str, int]] = field(default_factory=dict)
+    name: str = "tiers"
+
+    def __post_init__(self):
+        for tier, value in self.intervals_s.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise InputError(
+                    f"tier {tier!r}: interval must be a positive number of seconds, got {value!r}"
+                )
+        for tier, (base, k) in self.every.items():
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise InputError(f"tier {tier!r}: every k-th save needs k >= 1, got {k!r}")
+            if base not in self.intervals_s:
+                raise InputError(f"tier {tier!r}: base tier {base!r} has no interval")
+
+    @classmethod
+    def for_scenario(cls, scenario, overrides: dict[str, float] | None = None) -> TierSchedule:
+        """Each tier's ``interval_s`` from the scenario, replaced by ``overrides`` (name -> s)."""
+        names = [t.name for t in scenario.tiers]
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise InputError(f"no tier named {unknown[0]!r} (tiers: {', '.join(names)})")
+        intervals = {}
+        for t in scenario.tiers:
+            value = overrides.get(t.name, t.interval_s)
+            if value is None:
+                raise InputError(
+                    f"tier {t.name!r} has no interval: give interval_s in its [[tier]] table "
+                    f"or --tier-interval-s {t.name}=SECONDS"
+                )
+            intervals[t.name] = float(value)
+        return cls(intervals)
+
+    def check(self, scenario) -> None:
+        names = {t.name for t in scenario.tiers}
+        missing = sorted(names - set(self.intervals_s) - set(self.every))
+        extra = sorted((set(self.intervals_s) | set(self.every)) - names)
+        if missing or extra:
+            raise InputError(
+                f"the tier schedule must cover every tier exactly: missing {missing}, "
+                f"unknown {extra}"
+            )
+
+
+def rollback(copies: dict[str, float | None], tiers, class_name: str):
+    """Where a failure of ``class_name`` resumes: (progress s, tier or None for the start).
+
+    The newest completed copy in any tier that survives the class; between copies of the same
+    progress, the one quickest to restore.
+    """
+    best = None
+    for t in tiers:
+        at = copies.get(t.name)
+        if at is None or class_name not in t.survives:
+            continue
+        if best is None or (at, -t.restore_s) > (best[0], -best[1].restore_s):
+            best = (at, t)
+    return (0.0, None) if best is None else best
+
+
+def final_tiers(tiers) -> list:
+    """Tiers the job's final state goes to: those no other tier's copy outlives."""
+    return [t for t in tiers if not any(t.survives < u.survives for u in tiers)]
