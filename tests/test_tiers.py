@@ -10,9 +10,8 @@ import pytest
 
 from simulator import analytic, engine
 from simulator.errors import InputError
-from simulator.policies import FixedInterval
 from simulator.scenario import Scenario, load_scenario
-from simulator.tiers import first_order_plan
+from simulator.tiers import TierSchedule, first_order_plan
 
 TWO_TIERS = """
 gpus = 1024
@@ -131,11 +130,15 @@ def test_tiered_scenarios_are_routed_away_from_the_fast_engine_with_the_reason(t
         engine.choose_engine(s, "fast")
 
 
-def test_the_des_refuses_tiers_it_cannot_yet_simulate_in_one_line(tmp_path):
+def test_a_tiered_scenario_runs_on_the_des_with_per_class_and_per_tier_counts(tmp_path):
     s = load_scenario(write(tmp_path, TWO_TIERS))
-    with pytest.raises(InputError, match="does not simulate") as info:
-        engine.simulate(s, FixedInterval(600.0), replicas=1, seed=0, progress=False)
-    assert "\n" not in str(info.value)
+    schedule = TierSchedule({"memory": 300.0, "persistent": 3600.0})
+    res = engine.simulate(s, schedule, replicas=2, seed=0, workers=1, progress=False)
+    assert res.meta["engine"] == "des"
+    for column in ("failures_process", "failures_node", "saves_memory", "saves_persistent"):
+        assert column in res.records
+    assert (res.records["saves_persistent"] >= 1).all()  # the final state at least
+    assert (res.records["saves_memory"] >= 100).all()
 
 
 # -- the first-order closed form ----------------------------------------------------------
