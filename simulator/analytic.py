@@ -24,6 +24,7 @@ __all__ = [
     "daly_interval",
     "daly_wall_time",
     "optimal_interval",
+    "tier_first_order",
     "waste_fraction",
     "young_interval",
 ]
@@ -127,3 +128,37 @@ def waste_fraction(tau, delta, mtbf, restart):
     """Fraction of wall time not spent on useful work: 1 − Ts / T_w (independent of Ts)."""
     wall_per_work = daly_wall_time(tau, delta, mtbf, restart, 1.0)
     return _scalar_or_array(1.0 - 1.0 / np.asarray(wall_per_work))
+
+
+def tier_first_order(costs_s, rates_per_s, restart_cost_per_s=0.0):
+    """First-order optimum of k checkpoint tiers: (intervals τℓ, waste fraction).
+
+    Benoit, Cavelan, Le Fèvre, Robert, Sun, "Towards optimal multi-level checkpointing",
+    IEEE TC 66(7), 2017; Di, Robert, Vivien, Cappello, "Toward an optimal online checkpoint
+    solution under a two-level HPC checkpoint model", IEEE TPDS 28(1), 2017.
+    ``costs_s[ℓ]`` is Cℓ, the training stall of one save to tier ℓ; ``rates_per_s[ℓ]`` is λℓ,
+    the rate of the failures for which ℓ is the cheapest tier that survives them. Tier ℓ is
+    saved every τℓ = sqrt(2 Cℓ / λℓ) seconds of compute (infinite when λℓ = 0: only the job's
+    final save goes there), and the waste is Σℓ sqrt(2 λℓ Cℓ) plus ``restart_cost_per_s``
+    (Σ_c λ_c · recovery_c: detection, restart, restore), as a fraction of wall time.
+
+    Assumptions (why it is first order): failures are Poisson (exponential) with Cℓ ≪ 1/λℓ
+    and recovery ≪ 1/λ, so at most one failure strikes a period and none strikes a save or a
+    recovery; a failure loses on average half the period of the tier it needs; the tiers'
+    periods are far apart, so the restore points that costlier tiers add for a cheaper tier's
+    failures (a costlier save also serves them) are neglected, as is the cost of saves that
+    fall together; saves are blocking (an async save counts its stall, its write is assumed to
+    finish before the next failure). Second-order terms are O(λℓ Cℓ).
+    """
+    costs, rates = _arrays(costs_s, rates_per_s)
+    if np.any(~np.isfinite(costs) | (costs <= 0)) or np.any(~np.isfinite(rates) | (rates < 0)):
+        from simulator.errors import InputError
+
+        raise InputError(
+            f"tier costs must be positive seconds and rates non-negative per second, "
+            f"got {costs.tolist()!r} and {rates.tolist()!r}"
+        )
+    with np.errstate(divide="ignore"):
+        tau = np.sqrt(2.0 * costs / rates)
+    waste = float(np.sum(np.sqrt(2.0 * rates * costs)) + float(restart_cost_per_s))
+    return tau, waste

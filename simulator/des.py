@@ -91,9 +91,10 @@ class ClusterJob:
         )
         # What the policy sees, less its age (set at each decision): built where every
         # engine builds it, so the DES's policies know what the fast engine's know.
-        ctx = PolicyContext.from_scenario(scenario)
-        self._ctx = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
-        del self._ctx["age_s"]
+        if not scenario.failure_classes:
+            ctx = PolicyContext.from_scenario(scenario)
+            self._ctx = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
+            del self._ctx["age_s"]
         # Job state: progress, the progress in the last completed checkpoint, buckets.
         self.done_s = 0.0
         self.committed_s = 0.0
@@ -190,11 +191,16 @@ class ClusterJob:
         self.committed_s = snapshot_s
         self.n["checkpoints"] += 1
 
-    def _recover(self):
+    def _recovery_times(self) -> tuple[float, float]:
+        """(detection, restart + load + warm-up) of the recovery now under way, seconds."""
         s = self.scenario
+        return s.detection_s, s.restart_s + s.load_s + s.warmup_s
+
+    def _recover(self):
         start = self.env.now
+        detection_s, rest_s = self._recovery_times()
         try:
-            yield self.env.timeout(s.detection_s)
+            yield self.env.timeout(detection_s)
             wait_start = self.env.now
             try:
                 while self.pool is not None and self.spares_owed > 0:
@@ -210,7 +216,7 @@ class ClusterJob:
                     self.spares_owed -= 1
             finally:
                 self.t["spare_wait"] += self.env.now - wait_start
-            yield self.env.timeout(s.restart_s + s.load_s + s.warmup_s)
+            yield self.env.timeout(rest_s)
         finally:
             self.t["recovery"] += self.env.now - start
         self.recovering = False
@@ -237,13 +243,17 @@ class ClusterJob:
     # -- failures -----------------------------------------------------------------------
     def _failures(self, job: simpy.Process):
         while True:
-            t = self.source.next_failure_s()
+            t, cause = self._next_failure()
             if not math.isfinite(t):
                 return
             yield self.env.timeout(max(t - self.env.now, 0.0))
             if not job.is_alive:
                 return
-            job.interrupt("failure")
+            job.interrupt(cause)
+
+    def _next_failure(self) -> tuple[float, object]:
+        """The next failure's time and what the job's interrupt carries (its class)."""
+        return self.source.next_failure_s(), "failure"
 
     def run(self) -> dict:
         """Run the job to completion; times in seconds, counts as integers."""

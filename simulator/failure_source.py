@@ -104,7 +104,11 @@ class MergedFailures:
         heapq.heapify(self._heads)
         self._sources = sources
 
-    def next_failure_s(self) -> float:
+    def next_failure(self) -> tuple[float, int]:
+        """The next failure time and the index of the source it came from."""
         t, i = self._heads[0]
         heapq.heapreplace(self._heads, (self._sources[i].next_failure_s(), i))
-        return t
+        return t, i
+
+    def next_failure_s(self) -> float:
+        return self.next_failure()[0]

@@ -46,12 +46,18 @@ def run_replica(
 ) -> dict:
     """Simulate one job to completion; the record (hours, counts, US dollars) as a dict."""
     gpu_rng, node_rng, other_rng = replica_streams(rng_or_seed)
-    if failure_times is None:
+    if scenario.tiers or scenario.failure_classes:
+        from simulator.des_tiers import run_tiered
+
+        streams = (gpu_rng, node_rng, other_rng)
+        raw = run_tiered(scenario, policy, rng_or_seed, streams, failure_times)
+    elif failure_times is None:
         source = failure_source_for(scenario, gpu_rng, node_rng)
     else:
         times = failure_times(gpu_rng) if callable(failure_times) else failure_times
         source = TraceFailures(times)
-    raw = ClusterJob(scenario, _as_policy(policy), source, other_rng).run()
+    if not (scenario.tiers or scenario.failure_classes):
+        raw = ClusterJob(scenario, _as_policy(policy), source, other_rng).run()
     record = {
         "wall_h": raw["wall_s"] / HOUR,
         "useful_h": raw["useful_s"] / HOUR,
@@ -65,6 +71,10 @@ def run_replica(
         "failures_in_recovery": raw["failures_in_recovery"],
         "events": raw["events"],
     }
+    # Per-class failure and per-tier save/restore counts of a tiered scenario.
+    record.update(
+        {k: v for k, v in raw.items() if k.startswith(("failures_", "saves_", "restores_"))}
+    )
     if scenario.usd_per_gpu_hour is not None and scenario.gpus is not None:
         record["usd"] = record["wall_h"] * scenario.gpus * scenario.usd_per_gpu_hour
     return record

@@ -11,6 +11,9 @@ derived in one place, ``Scenario.failure_rate_per_s`` (GPU and node-level failur
 Every number must be finite and lie in a documented range (``MAX_GPUS``, ``MIN_SECONDS`` to
 ``MAX_HOURS``, ``MAX_USD``, ``MAX_BYTES``; failure shapes in ``failures.SHAPE_RANGE``): wide
 enough for any real job, narrow enough that every answer is a finite number of the right unit.
+
+``[[tier]]`` and ``[[failure_class]]`` tables (``simulator.tiers``) add checkpoint tiers and
+failure classes; without them a scenario is one tier and one class, as it always was.
 """
 
 from __future__ import annotations
@@ -25,16 +28,22 @@ from typing import Any
 
 from simulator.errors import InputError
 from simulator.failures import Lifetime, parse_failure
+from simulator.tiers import FailureClass, Tier, parse_classes, parse_tiers, write_time_s
 
 __all__ = [
     "DEFAULT_PRESET",
     "DEFAULT_STORAGE_BYTES_PER_S",
+    "IMPLICIT_CLASS",
     "Scenario",
     "load_scenario",
     "preset_names",
 ]
 
 DEFAULT_PRESET = "llama3"
+IMPLICIT_CLASS = "failure"
+"""The class name a tier's ``survives`` uses for the scenario's own failures (no classes)."""
+# TOML table names -> Scenario fields (a table per tier reads better as [[tier]]).
+_TABLES = {"tier": "tiers", "failure_class": "failure_classes"}
 
 DEFAULT_STORAGE_BYTES_PER_S = 2e12
 """Aggregate bandwidth of shared checkpoint storage when none is given, bytes per second.
@@ -149,6 +158,10 @@ class Scenario:
     on top of the GPUs' failures (a node of ``gpus_per_node`` GPUs fails as a whole)."""
     component_age: str = "stationary"
     """Component ages at job start: ``stationary`` (a cluster long in service) or ``new``."""
+    tiers: tuple[Tier, ...] = ()
+    """Checkpoint tiers (TOML ``[[tier]]``); empty: one tier with the fields above."""
+    failure_classes: tuple[FailureClass, ...] = ()
+    """Failure classes (TOML ``[[failure_class]]``); empty: one class from the fields above."""
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -174,11 +187,34 @@ class Scenario:
             raise InputError(f"gpus_per_node ({self.gpus_per_node}) exceeds gpus ({self.gpus})")
         parse_failure(self.failure, 3600.0)  # validates the family spec early
         self._validate_des_fields()  # node_mtbf_h's own rules first: the job's rate uses it
+        self._validate_tiers()
         if self.has_mtbf and self.system_mtbf_s < MIN_SECONDS:
             raise InputError(
                 f"the job's MTBF (gpu_mtbf_h / gpus) is {self.system_mtbf_s:.3g} s, under "
                 f"{MIN_SECONDS:g} s"
             )
+
+    def _validate_tiers(self) -> None:
+        # Lists from TOML become tuples, so the scenario stays hashable and frozen.
+        object.__setattr__(self, "tiers", parse_tiers(self.tiers))
+        object.__setattr__(self, "failure_classes", parse_classes(self.failure_classes))
+        if self.failure_classes and (
+            self.gpu_mtbf_h is not None or self.mtbf_h is not None or self.node_mtbf_h is not None
+        ):
+            raise InputError(
+                "with [[failure_class]] tables the classes are the failure model: drop the "
+                "scenario's gpu_mtbf_h, node_mtbf_h and mtbf_h"
+            )
+        for c in self.failure_classes:
+            c.components(self.gpus, self.nodes)  # a per-GPU/node class needs the counts
+        names = {c.name for c in self.failure_classes} or {IMPLICIT_CLASS}
+        for t in self.tiers:
+            unknown = sorted(t.survives - names)
+            if unknown:
+                raise InputError(
+                    f"tier {t.name!r} survives unknown failure class {unknown[0]!r} "
+                    f"(classes: {', '.join(sorted(names))})"
+                )
 
     def _validate_des_fields(self) -> None:
         for name in ("spares", "writer_nodes"):
@@ -230,7 +266,7 @@ class Scenario:
     # -- derived values (seconds) -------------------------------------------------------
     @property
     def has_mtbf(self) -> bool:
-        return self.mtbf_h is not None or self.gpu_mtbf_h is not None
+        return self.mtbf_h is not None or self.gpu_mtbf_h is not None or bool(self.failure_classes)
 
     @property
     def failure_rate_per_s(self) -> float:
@@ -242,7 +278,10 @@ class Scenario:
         lifetime family (renewal theorem, ``failures.long_run_rate``), so the sum holds for
         every family. The
         closed forms, both engines, the policies' context and the controller's prior read it.
+        With failure classes it is the sum of the classes' rates (they superpose).
         """
+        if self.failure_classes:
+            return sum(c.rate_per_s(self.gpus, self.nodes) for c in self.failure_classes)
         return self.gpu_failure_rate_per_s + self.node_failure_rate_per_s
 
     @property
@@ -291,10 +330,9 @@ class Scenario:
         if self.checkpoint_bytes is None or (per_node is None and total is None):
             return float(self.checkpoint_s)
         writers = self.writer_nodes or self.nodes or 1
-        rate = min(writers * per_node if per_node else math.inf, total or math.inf)
         if total is None:  # many nodes still share one storage system (see the default's source)
-            rate = min(rate, DEFAULT_STORAGE_BYTES_PER_S)
-        return float(self.checkpoint_bytes / rate)
+            total = DEFAULT_STORAGE_BYTES_PER_S
+        return write_time_s(self.checkpoint_bytes, per_node, total, writers)
 
     @property
     def save_stall_s(self) -> float:
@@ -350,12 +388,13 @@ class Scenario:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], source: str = "scenario") -> Scenario:
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - set(_TABLES.values()) | set(_TABLES)
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(
                 f"{source}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})"
             )
+        data = {_TABLES.get(k, k): v for k, v in data.items()}
         try:
             return cls(**data)
         except InputError as exc:
@@ -378,7 +417,25 @@ class Scenario:
         return cls.from_mapping(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """The fields given, as a TOML file would hold them (tiers as ``tier`` tables)."""
+        out = {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if v is not None and k not in _TABLES.values()
+        }
+        if self.tiers:
+            out["tier"] = [_table(t, {"asynchronous": "async"}) for t in self.tiers]
+        if self.failure_classes:
+            out["failure_class"] = [_table(c, {}) for c in self.failure_classes]
+        return out
+
+
+def _table(obj, renames: dict[str, str]) -> dict[str, Any]:
+    out = {}
+    for k, v in dataclasses.asdict(obj).items():
+        if v is not None:
+            out[renames.get(k, k)] = sorted(v) if isinstance(v, frozenset) else v
+    return out
 
 
 def preset_names() -> list[str]:

@@ -3,7 +3,8 @@
 Replica ``i`` of a run seeded ``seed`` uses the ``i``-th child of ``SeedSequence(seed)``
 (what ``SeedSequence.spawn`` would give, derived from the spawn key so that asking twice
 gives the same answer). Inside a replica, child 0 drives GPU (or job) failures and traces,
-child 1 node failures, child 2 everything else (repair times). Because the failure stream
+child 1 node failures, child 2 everything else (repair times), child ``CLASSES + i`` the
+failures of a scenario's failure class i. Because the failure stream
 does not depend on the policy or on the engine, policies compared under one seed face the
 same failure stream (common random numbers) in either engine.
 """
@@ -18,14 +19,15 @@ __all__ = [
     "GPU",
     "NODE",
     "OTHER",
+    "class_streams",
     "replica_seed",
     "replica_seeds",
     "replica_streams",
     "run_seed",
 ]
 
-GPU, NODE, OTHER = 0, 1, 2
-"""Indices of a replica's child streams."""
+GPU, NODE, OTHER, CLASSES = 0, 1, 2, 3
+"""Indices of a replica's child streams (failure class i: ``CLASSES + i``)."""
 
 
 def _child(ss: np.random.SeedSequence, index: int) -> np.random.SeedSequence:
@@ -77,3 +79,12 @@ def run_seed(seed: int | None) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise InputError(f"seed must be a non-negative whole number, got {seed!r}")
     return int(seed)
+
+
+def class_streams(rng_or_seed, n: int) -> list[np.random.Generator]:
+    """Generators of a replica's ``n`` failure classes (children CLASSES .. CLASSES + n - 1)."""
+    if isinstance(rng_or_seed, np.random.Generator):
+        # Spawning again continues the child counter past replica_streams' three.
+        return list(rng_or_seed.spawn(n))
+    ss = _as_seed_sequence(rng_or_seed)
+    return [np.random.default_rng(_child(ss, CLASSES + i)) for i in range(n)]

@@ -1,0 +1,127 @@
+"""The discrete-event model with tiers and failure classes, against today's model and the
+first-order closed form."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from simulator.errors import InputError
+from simulator.montecarlo import simulate
+from simulator.policies import FixedInterval
+from simulator.scenario import Scenario
+from simulator.tiers import TierSchedule, first_order_plan
+
+BASE = dict(
+    gpus=64,
+    gpu_mtbf_h=64 * 5.0,
+    node_mtbf_h=8 * 20.0,
+    checkpoint_s=60.0,
+    restart_s=120.0,
+    work_h=30.0,
+)
+PERSISTENT = {"name": "persistent", "checkpoint_s": 60.0, "survives": ["failure"]}
+
+
+def run(scenario, policy, replicas=20, seed=3):
+    return simulate(scenario, policy, replicas=replicas, seed=seed, workers=1, progress=False)
+
+
+def test_when_every_failure_needs_the_persistent_tier_the_records_are_todays_bit_for_bit():
+    today = run(Scenario(**BASE), FixedInterval(1500.0)).records
+    memory = {"name": "memory", "checkpoint_s": 1.0, "survives": []}
+    tiered = Scenario(**BASE, tiers=[memory, PERSISTENT])
+    got = run(tiered, TierSchedule({"memory": math.inf, "persistent": 1500.0})).records
+    for column in today.columns.drop("events"):
+        assert (got[column] == today[column]).all(), column
+    assert (got["saves_persistent"] == today["checkpoints"]).all()
+    assert (got["failures_failure"] == today["failures"]).all()
+
+
+TWO = dict(
+    gpus=64,
+    work_h=200.0,
+    restart_s=0.0,
+    failure_classes=[
+        {"name": "process", "mtbf_h": 10.0, "nodes_lost": 0},
+        {"name": "node", "mtbf_h": 100.0},
+    ],
+    tiers=[
+        {"name": "memory", "checkpoint_s": 0.5, "survives": ["process"]},
+        {"name": "persistent", "checkpoint_s": 10.0, "survives": ["process", "node"]},
+    ],
+)
+
+
+def test_the_des_meets_the_first_order_tier_formula_where_saves_are_cheap():
+    s = Scenario(**TWO)
+    plan = first_order_plan(s)
+    res = run(s, TierSchedule(plan["tier_intervals_s"]), replicas=40, seed=11)
+    waste = res.records["waste_fraction"]
+    half = 4 * waste.std(ddof=1) / math.sqrt(waste.size)
+    assert abs(waste.mean() - plan["waste_fraction"]) < half
+    assert half < 0.25 * plan["waste_fraction"]  # tight enough to mean something
+    # Each class is counted, and only a node loss needs the persistent copy.
+    assert res.records["failures_process"].mean() == pytest.approx(20, rel=0.3)
+    assert res.records["failures_node"].mean() == pytest.approx(2, rel=0.6)
+
+
+def test_two_tier_schedules_on_one_seed_meet_the_same_failures():
+    s = Scenario(**TWO)
+    logs = []
+    from simulator.des_tiers import TieredClusterJob, class_sources
+    from simulator.streams import replica_seed, replica_streams
+
+    for intervals in (
+        {"memory": 150.0, "persistent": 2000.0},
+        {"memory": 400.0, "persistent": 900.0},
+    ):
+        seed = replica_seed(5, 0)
+        gpu, node, other = replica_streams(seed)
+        job = TieredClusterJob(s, TierSchedule(intervals), class_sources(s, gpu, node, seed), other)
+        job.run()
+        logs.append(job.failure_log)
+    n = min(map(len, logs))
+    assert n > 10 and logs[0][:n] == logs[1][:n]
+    assert {c for _, c in logs[0]} <= {"process", "node"}
+
+
+def test_when_no_failure_needs_the_persistent_tier_only_the_final_save_goes_there():
+    s = Scenario(
+        **{
+            **TWO,
+            "failure_classes": [{"name": "process", "mtbf_h": 10.0, "nodes_lost": 0}],
+            "tiers": [{**TWO["tiers"][0]}, {**TWO["tiers"][1], "survives": ["process"]}],
+            "work_h": 50.0,
+        }
+    )
+    assert first_order_plan(s)["tier_intervals_s"]["persistent"] == math.inf
+    never = run(s, TierSchedule({"memory": 190.0, "persistent": math.inf}), replicas=10)
+    hourly = run(s, TierSchedule({"memory": 190.0, "persistent": 3600.0}), replicas=10)
+    assert (never.records["saves_persistent"] == 1).all()
+    assert np.allclose(never.records["useful_h"], 50.0)
+    # Same failures (same seed): skipping the persistent saves only ever saves time.
+    assert (never.records["wall_h"] < hourly.records["wall_h"]).all()
+
+
+def test_a_memory_copy_dies_with_its_node_and_the_job_restores_from_persistent():
+    s = Scenario(**TWO)
+    res = run(s, TierSchedule({"memory": 150.0, "persistent": 2000.0}), replicas=10)
+    r = res.records
+    assert (r["restores_memory"] <= r["failures_process"]).all()
+    assert (r["restores_persistent"] + r["restores_memory"] <= r["failures"]).all()
+    total = r["useful_h"] + r["lost_h"] + r["checkpoint_h"] + r["recovery_h"]
+    assert np.allclose(total, r["wall_h"], rtol=1e-12)
+
+
+def test_a_tiered_scenario_without_intervals_or_with_a_plain_policy_is_one_line():
+    s = Scenario(**TWO)
+    with pytest.raises(InputError, match="no interval") as info:
+        TierSchedule.for_scenario(s)
+    assert "\n" not in str(info.value) and "--tier-interval-s memory=SECONDS" in str(info.value)
+    with pytest.raises(InputError, match="needs a tier schedule"):
+        run(s, FixedInterval(600.0), replicas=1)
+    with pytest.raises(InputError, match="no tier named 'disk'"):
+        TierSchedule.for_scenario(s, {"disk": 5.0})
