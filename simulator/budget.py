@@ -225,10 +225,14 @@ def check(
 
 
 def policy_intervals(scenario: Scenario, policies: Sequence) -> list[float]:
-    """Each policy's first interval after a restart (what the estimate assumes it keeps)."""
+    """Each policy's first interval after a restart (what the estimate assumes it keeps); a
+    tier schedule counts as its most frequent tier (the most events)."""
     from simulator.optimize import _first_interval
 
-    return [_first_interval(p, scenario) for p in policies]
+    return [
+        min(p.intervals_s.values()) if hasattr(p, "intervals_s") else _first_interval(p, scenario)
+        for p in policies
+    ]
 
 
 def search_intervals(scenario: Scenario, *, baselines: int = 8) -> list[float]:

@@ -73,7 +73,8 @@ class TieredClusterJob(ClusterJob):
     # -- what is due --------------------------------------------------------------------
     def _next_segment(self) -> float:
         iv = self.policy.intervals_s
-        return min(iv[n] - (self.done_s - self.mark[n]) for n in iv)
+        # Rounding can leave a tier a hair past due (a save cut short keeps its old mark).
+        return max(0.0, min(iv[n] - (self.done_s - self.mark[n]) for n in iv))
 
     def _due(self, final: bool) -> list:
         iv, every = self.policy.intervals_s, self.policy.every

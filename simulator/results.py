@@ -164,7 +164,9 @@ class SimulationResult:
             "seed": self.seed,
             **self.meta,
         }
-        for metric in METRICS:
+        # A tiered run also counts failures per class and saves and restores per tier.
+        per_part = [c for c in self.records if c.startswith(("failures_", "saves_", "restores_"))]
+        for metric in (*METRICS, *(c for c in per_part if c not in METRICS)):
             if metric not in self.records:
                 continue
             for key, value in describe(self.records[metric]).items():

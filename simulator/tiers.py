@@ -366,3 +366,49 @@ def rollback(copies: dict[str, float | None], tiers, class_name: str):
 def final_tiers(tiers) -> list:
     """Tiers the job's final state goes to: those no other tier's copy outlives."""
     return [t for t in tiers if not any(t.survives < u.survives for u in tiers)]
+
+
+def single_tier_plan(scenario) -> dict[str, Any]:
+    """The best single-tier answer beside the tiered one: every save to the cheapest tier that
+    survives every class (the persistent one), at the first-order optimum for all failures."""
+    from simulator import analytic
+
+    writers = scenario.writer_nodes or scenario.nodes or 1
+    terms = _class_terms(scenario)
+    names = {name for name, _, _ in terms}
+    surviving = [t for t in scenario.tiers if names <= set(t.survives)]
+    if not surviving:
+        raise InputError("no tier survives every failure class: add one (the persistent tier)")
+    tier = min(surviving, key=lambda t: t.stall_s(writers))
+    rate = sum(r for _, r, _ in terms)
+    restart_cost = sum(r * (recovery_s + tier.restore_s) for _, r, recovery_s in terms)
+    tau, waste = analytic.tier_first_order([tier.stall_s(writers)], [rate], restart_cost)
+    return {"tier": tier.name, "interval_s": float(tau[0]), "waste_fraction": waste}
+
+
+def recommend_tiers(scenario) -> dict[str, Any]:
+    """Every tier's interval (first order) and its waste and money, with the best single-tier
+    answer beside it: the dict ``ckptsim optimize --json`` prints for a tiered scenario."""
+    from simulator import cost
+
+    plan = first_order_plan(scenario)
+    single = single_tier_plan(scenario)
+    out: dict[str, Any] = {
+        "scenario": scenario.to_dict(),
+        "method": "first-order multi-tier optimum (Benoit et al., IEEE TC 2017)",
+        "tier_intervals_s": plan["tier_intervals_s"],
+        "tier_failure_rates_per_h": {k: v * 3600.0 for k, v in plan["rates_per_s"].items()},
+        "optimal_waste_fraction": plan["waste_fraction"],
+        "single_tier": single["tier"],
+        "single_tier_interval_s": single["interval_s"],
+        "single_tier_waste_fraction": single["waste_fraction"],
+    }
+    if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
+        per_day = {
+            key: float(cost.usd_lost_per_day(scenario.gpus, scenario.usd_per_gpu_hour, w))
+            for key, w in (("tiers", plan["waste_fraction"]), ("single", single["waste_fraction"]))
+        }
+        out["usd_lost_per_day"] = per_day["tiers"]
+        out["single_tier_usd_lost_per_day"] = per_day["single"]
+        out["usd_saved_per_day"] = per_day["single"] - per_day["tiers"]
+    return out

@@ -188,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
             f"({scenario.gpus:,} GPUs); see --help to describe your own job",
             file=sys.stderr,
         )
+    if scenario.tiers:
+        return _run_tiers(args, scenario)
     scenario, measured = apply_profile(args, scenario)
     # The flags are in the scenario already: δ follows its one rule (staging copy if async,
     # else the write time from bytes and bandwidths, else checkpoint_s), as in the simulators.
@@ -238,6 +240,53 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.simulate:
             print(render_simulated(result["simulated"], result["optimal_interval_s"]))
+    return 0
+
+
+def _run_tiers(args: argparse.Namespace, scenario) -> int:
+    """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside."""
+    from simulator.cli.common import print_json
+    from simulator.tiers import recommend_tiers
+
+    for flag in ("simulate", "profile"):
+        if getattr(args, flag, None):
+            raise InputError(
+                f"--{flag} with [[tier]] tables is not modelled yet; simulate a tier schedule "
+                "with ckptsim simulate --tier-interval-s NAME=SECONDS"
+            )
+    result = recommend_tiers(scenario)
+    if args.json:
+        print_json(result)
+        return 0
+    lines = [
+        f"ckptsim optimize: {scenario.name} ({len(scenario.tiers)} tiers, "
+        f"{len(scenario.failure_classes) or 1} failure classes), {result['method']}",
+        "",
+        f"{'tier':<16}{'save every':>12}{'failures it restores (per h)':>32}",
+    ]
+    for name, interval_s in result["tier_intervals_s"].items():
+        every = format_duration(interval_s) if interval_s != float("inf") else "final save only"
+        rate = result["tier_failure_rates_per_h"][name]
+        lines.append(f"{name:<16}{every:>12}{rate:>32.4g}")
+    money = "usd_lost_per_day" in result
+    tiered = f"waste {format_percent(result['optimal_waste_fraction'])}"
+    single = f"waste {format_percent(result['single_tier_waste_fraction'])}"
+    if money:
+        tiered += f", {format_usd(result['usd_lost_per_day'])}/day lost"
+        single += f", {format_usd(result['single_tier_usd_lost_per_day'])}/day lost"
+    lines += [
+        "",
+        f"tiers as above: {tiered}",
+        f"one tier ({result['single_tier']} every "
+        f"{format_duration(result['single_tier_interval_s'])}): {single}",
+    ]
+    better = result["optimal_waste_fraction"] < result["single_tier_waste_fraction"]
+    lines.append(
+        "Recommendation: "
+        + ("the tiers as above." if better else f"one tier ({result['single_tier']}); the "
+           "cheaper tiers do not pay for their saves at these rates (first order).")
+    )  # fmt: skip
+    print("\n".join(lines))
     return 0
 
 

@@ -72,6 +72,14 @@ def register(subparsers) -> None:
         choices=POLICIES,
         help="interval policy (default: optimal, the exact optimum for exponential failures)",
     )
+    pol.add_argument(
+        "--tier-interval-s",
+        action="append",
+        default=[],
+        metavar="NAME=S",
+        help="with [[tier]] tables: save tier NAME every S seconds of compute (repeatable; a "
+        "tier not named keeps its interval_s, else the first-order optimum's)",
+    )
     which.add_argument(
         "--interval-s",
         type=positive_float("seconds"),
@@ -154,6 +162,38 @@ def _trace(args: argparse.Namespace, scenario):
     return times, scenario
 
 
+def _tier_schedule(args: argparse.Namespace, scenario):
+    """The tier schedule of a tiered scenario (None without [[tier]] tables)."""
+    if not scenario.tiers:
+        if args.tier_interval_s:
+            raise InputError("--tier-interval-s needs a scenario with [[tier]] tables")
+        return None
+    if args.policy or args.interval_s:
+        raise InputError(
+            "with [[tier]] tables give each tier's interval as --tier-interval-s NAME=SECONDS, "
+            "not --policy or --interval-s"
+        )
+    from simulator.tiers import TierSchedule, first_order_plan
+
+    given = {}
+    for text in args.tier_interval_s:
+        name, sep, value = text.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not sep or not name or not (math.isfinite(seconds) and seconds > 0):
+            raise InputError(f"--tier-interval-s {text!r}: give NAME=SECONDS, e.g. memory=600")
+        if name in given:
+            raise InputError(f"--tier-interval-s {name} is given twice; give it once")
+        given[name] = seconds
+    unset = [t.name for t in scenario.tiers if t.interval_s is None and t.name not in given]
+    if unset:  # the first-order optimum for the tiers the user left open
+        plan = first_order_plan(scenario)["tier_intervals_s"]
+        given.update({name: plan[name] for name in unset})
+    return TierSchedule.for_scenario(scenario, given)
+
+
 def run(args: argparse.Namespace) -> int:
     from simulator import budget
     from simulator.cli.common import (
@@ -180,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
             f"{DEFAULT_PRESET} ({scenario.gpus:,} GPUs); see --help to describe your own job",
             file=sys.stderr,
         )
-    policy = make_policy(args.policy or "optimal", interval_s=args.interval_s)
+    policy = _tier_schedule(args, scenario) or make_policy(
+        args.policy or "optimal", interval_s=args.interval_s
+    )
     workers = workers_for(args, args.replicas, "ckptsim simulate")
     intervals = budget.policy_intervals(scenario, [policy])
     engine = choose_engine(scenario, args.engine)
@@ -230,7 +272,13 @@ def render(s: dict) -> str:
     lines = [head, ""]
     cols = ("mean", "95% CI of mean", "p50", "p90", "p99")
     lines.append(f"{'':24}" + "".join(f"{c:>27}" if c[0] == "9" else f"{c:>14}" for c in cols))
-    for label, key, fmt in ROWS:
+    parts = [
+        (key[:-5].replace("_", " ", 1), key[:-5], "{:,.1f}")
+        for key in s
+        if key.endswith("_mean") and key.startswith(("failures_", "saves_", "restores_"))
+        and key not in ("failures_mean", "failures_in_recovery_mean")
+    ]  # fmt: skip
+    for label, key, fmt in (*ROWS, *parts):
         if f"{key}_mean" not in s:
             continue
         show = fmt if callable(fmt) else fmt.format

@@ -1,0 +1,120 @@
+"""`ckptsim optimize` and `ckptsim simulate` on a scenario with [[tier]] and [[failure_class]]."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+
+from simulator.cli import main
+from simulator.scenario import load_scenario
+from simulator.tiers import first_order_plan
+
+TWO_TIERS = """
+name = "two-tier"
+gpus = 1024
+work_h = 200
+restart_s = 300
+usd_per_gpu_hour = 2.0
+[[failure_class]]
+name = "process"
+gpu_mtbf_h = 20000
+[[failure_class]]
+name = "node"
+node_mtbf_h = 20000
+detection_s = 60
+restart_s = 900
+[[tier]]
+name = "memory"
+checkpoint_s = 2
+restore_s = 10
+survives = ["process"]
+[[tier]]
+name = "persistent"
+checkpoint_s = 60
+restore_s = 120
+survives = ["process", "node"]
+"""
+
+
+def run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def toml(tmp_path):
+    path = tmp_path / "two.toml"
+    path.write_text(textwrap.dedent(TWO_TIERS))
+    return path
+
+
+def test_optimize_gives_every_tiers_interval_and_the_best_single_tier_beside_it(capsys, toml):
+    code, out, err = run(capsys, "optimize", "--scenario", str(toml), "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    s = load_scenario(toml)
+    assert got["tier_intervals_s"] == first_order_plan(s)["tier_intervals_s"]
+    # Memory serves the 1,024 GPUs' process failures, persistent the 128 nodes' losses.
+    lam_mem, lam_node = 1024 / (20000 * 3600), 128 / (20000 * 3600)
+    assert got["tier_intervals_s"]["memory"] == pytest.approx(math.sqrt(2 * 2 / lam_mem))
+    assert got["tier_intervals_s"]["persistent"] == pytest.approx(math.sqrt(2 * 60 / lam_node))
+    # One tier: every save persistent, against every failure.
+    assert got["single_tier"] == "persistent"
+    lam = lam_mem + lam_node
+    assert got["single_tier_interval_s"] == pytest.approx(math.sqrt(2 * 60 / lam))
+    assert got["optimal_waste_fraction"] < got["single_tier_waste_fraction"]
+    day = 1024 * 2.0 * 24
+    assert got["usd_lost_per_day"] == pytest.approx(day * got["optimal_waste_fraction"])
+    assert got["usd_saved_per_day"] > 0
+    code, out, _ = run(capsys, "optimize", "--scenario", str(toml))
+    assert code == 0 and "Recommendation: the tiers as above." in out
+
+
+def test_simulate_runs_the_tiers_and_counts_failures_per_class_and_saves_per_tier(capsys, toml):
+    argv = ["simulate", "--scenario", str(toml), "--replicas", "3", "--no-progress", "--json"]
+    code, out, err = run(capsys, *argv, "--tier-interval-s", "memory=600")
+    assert code == 0, err
+    often = json.loads(out)
+    assert often["engine"] == "des"
+    for key in ("failures_process", "failures_node", "saves_memory", "saves_persistent",
+                "restores_memory", "restores_persistent"):  # fmt: skip
+        assert f"{key}_mean" in often
+    assert often["failures_mean"] == pytest.approx(
+        often["failures_process_mean"] + often["failures_node_mean"]
+    )
+    code, out, err = run(capsys, *argv, "--tier-interval-s", "memory=3600")
+    assert code == 0, err
+    rarely = json.loads(out)
+    # The same failures (common random numbers), fewer memory saves.
+    assert rarely["failures_node_mean"] == often["failures_node_mean"]
+    assert rarely["saves_memory_mean"] < often["saves_memory_mean"] / 4
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--tier-interval-s", "memory"], "give NAME=SECONDS"),
+        (["--tier-interval-s", "disk=60"], "no tier named 'disk'"),
+        (["--tier-interval-s", "memory=0"], "give NAME=SECONDS"),
+        (["--tier-interval-s", "memory=5", "--tier-interval-s", "memory=6"], "given twice"),
+        (["--policy", "young"], "not --policy"),
+    ],
+)
+def test_bad_tier_flags_are_one_line(capsys, toml, extra, fragment):
+    code, out, err = run(capsys, "simulate", "--scenario", str(toml), *extra)
+    assert code == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_tier_flags_without_tiers_and_simulate_with_tiers_are_refused(capsys, toml):
+    code, _, err = run(capsys, "simulate", "--mtbf-h", "3", "--work-h", "5",
+                       "--tier-interval-s", "memory=5")  # fmt: skip
+    assert code == 2 and "needs a scenario with [[tier]] tables" in err
+    code, _, err = run(capsys, "optimize", "--scenario", str(toml), "--simulate")
+    assert code == 2 and "not modelled yet" in err
