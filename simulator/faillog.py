@@ -77,6 +77,9 @@ def read_table(path: str | Path):
 
     path = Path(path)
     try:
+        if path.exists() and not path.is_file():  # a FIFO or device would block the read
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            raise InputError(f"{path}: {kind}; give a CSV or Parquet file")
         with path.open("rb") as fh:
             magic = fh.read(4)
     except OSError as exc:

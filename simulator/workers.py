@@ -56,8 +56,14 @@ def run_tasks(
     be picklable. If the caller stops early — Ctrl-C, an exception from a task, or closing the
     generator — the workers are killed before the exception goes on.
     """
-    pool = multiprocessing.Pool(workers, initializer=_ignore_sigint)
+    # A Ctrl-C while the pool starts (forking workers, starting its threads: seconds on a busy
+    # machine) would escape before there is a pool to terminate, and the run hung at exit. It
+    # is held until the pool exists, then lands inside the try below.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pool = None
     try:
+        pool = multiprocessing.Pool(workers, initializer=_ignore_sigint)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         imap = pool.imap if ordered else pool.imap_unordered
         yield from imap(fn, tasks, chunksize)
         pool.close()
@@ -69,10 +75,13 @@ def run_tasks(
         except ValueError:  # not the main thread: signals are not ours to handle
             previous = None
         try:
-            pool.terminate()
+            if pool is not None:
+                pool.terminate()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         raise
     finally:
-        pool.join()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if pool is not None:
+            pool.join()

@@ -110,3 +110,13 @@ def test_trace_flags_without_a_trace_are_refused(capsys):
     assert code == 2 and "need --trace FILE" in err
     with pytest.raises(InputError, match="unit must be one of"):
         read_trace("x.csv", unit="weeks")
+
+
+def test_a_fifo_or_a_directory_is_refused_at_once_not_read(capsys, tmp_path):
+    import os
+
+    fifo = tmp_path / "log.csv"
+    os.mkfifo(fifo)  # reading it would block forever: no writer
+    for path, word in ((fifo, "not a regular file"), (tmp_path, "a directory")):
+        code, _, err = run_cli(capsys, *JOB, "--trace", str(path))
+        assert code == 2 and word in err and len(err.strip().splitlines()) == 1
