@@ -105,6 +105,23 @@ class ClusterJob:
         self.t = dict(compute=0.0, lost=0.0, checkpoint=0.0, recovery=0.0, spare_wait=0.0)
         self.n = dict(failures=0, checkpoints=0, failures_in_recovery=0, events=0)
 
+    # -- the rules every job loop shares (the tiered one in des_tiers too) ---------------
+    @staticmethod
+    def _segment(left_s: float, interval_s: float) -> float:
+        """The next compute segment: the interval, or the rest of the work where that rest is
+        within rounding of the interval (work_h · 3600 is rarely exact), so no sliver is left
+        to cost one more save."""
+        return left_s if left_s <= interval_s * (1.0 + 1e-9) else interval_s
+
+    def _book_cut(self, phase: str | None, start: float) -> None:
+        """A failure cut the timed wait ``phase`` short: book the time spent in it."""
+        if phase == "compute":
+            elapsed = self.env.now - start
+            self.t["compute"] += elapsed
+            self.done_s += elapsed
+        elif phase == "stall":
+            self.t["checkpoint"] += self.env.now - start
+
     # -- the job ------------------------------------------------------------------------
     def _job(self):
         # The compute segment and the save are inlined here (not ``yield from`` helpers): one
@@ -113,6 +130,7 @@ class ClusterJob:
         # in it lands in its bucket exactly as the phase would have booked it.
         env, timeout, t, n = self.env, self.env.timeout, self.t, self.n
         policy, ctx_fields, work_s = self.policy, self._ctx, self.work_s
+        start = env.now  # of the timed wait under way (read only while ``phase`` is set)
         while True:
             phase = None
             try:
@@ -130,10 +148,9 @@ class ClusterJob:
                     raise InputError(
                         f"policy {self.policy.name!r} gave interval {interval_s!r} s{hint}"
                     )
-                # Compute. A remainder within rounding of the interval (work_h · 3600 is rarely
-                # exact) is done in this segment, not left as a sliver that costs one more save.
+                # Compute.
                 left = work_s - self.done_s
-                segment = left if left <= interval_s * (1.0 + 1e-9) else interval_s
+                segment = self._segment(left, interval_s)
                 start = env.now
                 n["events"] += 1
                 phase = "compute"
@@ -161,12 +178,7 @@ class ClusterJob:
                 phase = None
                 self.writer = env.process(self._background_write(self.done_s))
             except simpy.Interrupt:
-                if phase == "compute":
-                    elapsed = env.now - start
-                    t["compute"] += elapsed
-                    self.done_s += elapsed
-                elif phase == "stall":
-                    t["checkpoint"] += env.now - start
+                self._book_cut(phase, start)
                 self._on_failure()
 
     def _stall(self, event):

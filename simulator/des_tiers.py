@@ -92,6 +92,7 @@ class TieredClusterJob(ClusterJob):
     def _job(self):
         env, timeout, t = self.env, self.env.timeout, self.t
         work_s = self.work_s
+        start = env.now  # of the timed wait under way (read only while ``phase`` is set)
         while True:
             phase = None
             try:
@@ -103,7 +104,7 @@ class TieredClusterJob(ClusterJob):
                     return
                 interval_s = self._next_segment()
                 left = work_s - self.done_s
-                segment = left if left <= interval_s * (1.0 + 1e-9) else interval_s
+                segment = self._segment(left, interval_s)
                 start = env.now
                 self.n["events"] += 1
                 phase = "compute"
@@ -127,12 +128,7 @@ class TieredClusterJob(ClusterJob):
                     else:
                         self._commit_tier(name, self.done_s)
             except simpy.Interrupt as exc:
-                if phase == "compute":
-                    elapsed = env.now - start
-                    t["compute"] += elapsed
-                    self.done_s += elapsed
-                elif phase == "stall":
-                    t["checkpoint"] += env.now - start
+                self._book_cut(phase, start)
                 self._on_failure(exc.cause)
 
     def _await(self, name: str):
