@@ -183,7 +183,10 @@ def child_main(output_dir: str, kill_at_save: int, where: str, kill_rank: int) -
         before = (KillInSave(kill_at_save),)
     trainer, ours, _ = _trainer(output_dir, before=before, save_total_limit=1)
     resume_training(trainer)
-    print(json.dumps({"rank": rank, "saved": ours.saved_steps}), flush=True)
+    # One write of the whole line (under PIPE_BUF, so atomic): print() may write the text and
+    # its newline apart, and the other rank's Trainer output then lands inside the line.
+    sys.stdout.flush()
+    os.write(1, (json.dumps({"rank": rank, "saved": ours.saved_steps}) + "\n").encode())
     if dist.is_initialized():
         # Both ranks reach the teardown together (as torchrun scripts end): a rank tearing gloo
         # down while its peer is still leaving train() hung at exit on a loaded machine.
