@@ -35,9 +35,11 @@ __all__ = [
     "failure_spec",
     "fit_all",
     "fit_lifetime",
+    "fit_log",
     "fits_table",
     "km_check",
     "plot_survival",
+    "scenario_from_fit",
 ]
 
 FAMILIES = ("exponential", "weibull", "lognormal")
@@ -378,3 +380,107 @@ def plot_survival(
     ax.set_ylabel("fraction surviving")
     ax.legend()
     return ax
+
+
+# -- a whole failure log ----------------------------------------------------------------
+def _fit_block(durations_s, observed) -> dict:
+    fits = fit_all(durations_s, observed)
+    rows = []
+    for f in fits:
+        rows.append(
+            {
+                "family": f.family,
+                "params": {**f.params},
+                "mean_s": f.mean_s,
+                "aic": f.aic,
+                "log_likelihood": f.log_likelihood,
+                "ci95": {k: list(v) for k, v in f.ci95.items()},
+                "km": km_check(durations_s, observed, f),
+            }
+        )
+    return {"fits": fits, "families": rows, "best": fits[0].family}
+
+
+def _repair_block(repair_s) -> dict | None:
+    r = np.asarray(repair_s, float)
+    r = r[np.isfinite(r) & (r > 0)]
+    if r.size < 2 or np.unique(r).size < 2:
+        return None
+    block = _fit_block(r, np.ones(r.size, bool))
+    block["events"] = int(r.size)
+    return block
+
+
+def fit_log(log) -> dict:
+    """Every family fitted to a ``faillog.FailureLog``: the dict ``ckptsim fit --json`` prints
+    (with ``fits``, the ``FitResult`` objects, best first), per cause and for repairs too."""
+    result = {
+        "shape": log.shape,
+        "columns": {k: v for k, v in (log.columns or {}).items() if v is not None},
+        "units": int(log.durations_s.size),
+        "events": log.events,
+        "censored": log.censored,
+    }
+    if log.components is not None:
+        result["components"] = log.components
+    block = _fit_block(log.durations_s, log.observed)
+    result.update(block)
+    if log.repair_s is not None:
+        rep = _repair_block(log.repair_s)
+        if rep is not None:
+            result["repair"] = rep
+    if log.causes is not None:
+        names, counts = np.unique(
+            np.asarray([c for c in log.causes if c is not None], dtype=str), return_counts=True
+        )
+        causes = {}
+        for name, count in zip(names, counts, strict=True):
+            if count < 2:
+                raise InputError(
+                    f"cause {name!r} has a single failure: a per-cause fit needs two or more "
+                    "(merge or drop its rows, or name no cause column)"
+                )
+            hit = np.asarray([c == name for c in log.causes])
+            try:
+                sub = _fit_block(log.durations_s, hit)
+            except InputError as exc:
+                raise InputError(f"cause {name!r}: {exc}") from None
+            sub["events"] = int(count)
+            sub["censored"] = int(hit.size - count)
+            if log.repair_s is not None and log.repair_causes is not None:
+                rep = _repair_block(log.repair_s[log.repair_causes == name])
+                if rep is not None:
+                    sub["repair"] = rep
+            causes[str(name)] = sub
+        result["causes"] = causes
+    return result
+
+
+def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, **fixed) -> dict:
+    """A scenario mapping from ``fit_log``'s best fit (validated as ``optimize`` would take
+    it): ``mtbf_h`` for a system's gaps, else ``gpus`` units of one GPU each at ``gpu_mtbf_h``;
+    ``fixed`` (checkpoint_s, restart_s, work_h) are laid over it where not None."""
+    best = result["fits"][0]
+    data: dict = {"name": name, "failure": failure_spec(best)}
+    mean_h = best.mean_s / 3600.0
+    if log.shape == "timestamps" and log.components is None:
+        # Gaps of the whole system: the fit is the job's own time between failures.
+        data["mtbf_h"] = mean_h
+    else:
+        gpus = gpus or log.components
+        if gpus is None:
+            raise InputError(
+                "--scenario-out from a lifetimes log needs --gpus N: how many units like "
+                "the log's the job runs on"
+            )
+        # Each logged unit fails as a whole, so it is a node of one GPU.
+        data.update(gpus=gpus, gpus_per_node=1, gpu_mtbf_h=mean_h)
+    rep = result.get("repair")
+    if rep is not None:
+        data["repair_h"] = rep["fits"][0].mean_s / 3600.0
+        data["repair"] = failure_spec(rep["fits"][0])
+    data.update({k: v for k, v in fixed.items() if v is not None})
+    from simulator.scenario import Scenario
+
+    Scenario.from_mapping(data, source="--scenario-out")  # refuse a file optimize would refuse
+    return data

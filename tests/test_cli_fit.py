@@ -298,3 +298,16 @@ def test_an_end_that_is_not_a_finite_time_is_one_line(capsys, tmp_path):
     log.write_text("time\n1\n2\n5\n9\n12\n")
     code, out, err = run_cli(capsys, log, "--end", "inf")
     assert code == 2 and out == "" and "finite" in err and len(err.strip().splitlines()) == 1
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_fit(capsys, tmp_path, monkeypatch):
+    import simulator.fit
+
+    log = tmp_path / "t.csv"
+    log.write_text("time\n1\n2\n5\n9\n12\n")
+    fitted = []
+    monkeypatch.setattr(simulator.fit, "fit_log", lambda *a, **k: fitted.append(1))
+    for flag, value in (("--scenario-out", "/proc/none/s.toml"), ("--plot", "p.xlsx")):
+        code, out, err = run_cli(capsys, log, flag, value)
+        assert code == 2 and out == "" and flag in err and len(err.strip().splitlines()) == 1
+    assert not fitted

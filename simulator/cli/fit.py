@@ -84,114 +84,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _fit_block(durations_s, observed) -> dict:
-    from simulator.fit import fit_all, km_check
-
-    fits = fit_all(durations_s, observed)
-    rows = []
-    for f in fits:
-        rows.append(
-            {
-                "family": f.family,
-                "params": {**f.params},
-                "mean_s": f.mean_s,
-                "aic": f.aic,
-                "log_likelihood": f.log_likelihood,
-                "ci95": {k: list(v) for k, v in f.ci95.items()},
-                "km": km_check(durations_s, observed, f),
-            }
-        )
-    return {"fits": fits, "families": rows, "best": fits[0].family}
-
-
-def _repair_block(repair_s) -> dict | None:
-    import numpy as np
-
-    r = np.asarray(repair_s, float)
-    r = r[np.isfinite(r) & (r > 0)]
-    if r.size < 2 or np.unique(r).size < 2:
-        return None
-    block = _fit_block(r, np.ones(r.size, bool))
-    block["events"] = int(r.size)
-    return block
-
-
-def _analyse(log) -> dict:
-    import numpy as np
-
-    result = {
-        "shape": log.shape,
-        "columns": {k: v for k, v in (log.columns or {}).items() if v is not None},
-        "units": int(log.durations_s.size),
-        "events": log.events,
-        "censored": log.censored,
-    }
-    if log.components is not None:
-        result["components"] = log.components
-    block = _fit_block(log.durations_s, log.observed)
-    result.update(block)
-    if log.repair_s is not None:
-        rep = _repair_block(log.repair_s)
-        if rep is not None:
-            result["repair"] = rep
-    if log.causes is not None:
-        names, counts = np.unique(
-            np.asarray([c for c in log.causes if c is not None], dtype=str), return_counts=True
-        )
-        causes = {}
-        for name, count in zip(names, counts, strict=True):
-            if count < 2:
-                raise InputError(
-                    f"cause {name!r} has a single failure: a per-cause fit needs two or more "
-                    "(merge or drop its rows, or name no cause column)"
-                )
-            hit = np.asarray([c == name for c in log.causes])
-            try:
-                sub = _fit_block(log.durations_s, hit)
-            except InputError as exc:
-                raise InputError(f"cause {name!r}: {exc}") from None
-            sub["events"] = int(count)
-            sub["censored"] = int(hit.size - count)
-            if log.repair_s is not None and log.repair_causes is not None:
-                rep = _repair_block(log.repair_s[log.repair_causes == name])
-                if rep is not None:
-                    sub["repair"] = rep
-            causes[str(name)] = sub
-        result["causes"] = causes
-    return result
-
-
-def _scenario(args, log, result) -> dict:
-    from simulator.fit import failure_spec
-
-    best = result["fits"][0]
-    data: dict = {"name": Path(args.scenario_out).stem, "failure": failure_spec(best)}
-    mean_h = best.mean_s / 3600.0
-    if log.shape == "timestamps" and log.components is None:
-        # Gaps of the whole system: the fit is the job's own time between failures.
-        data["mtbf_h"] = mean_h
-    else:
-        gpus = args.gpus or log.components
-        if gpus is None:
-            raise InputError(
-                "--scenario-out from a lifetimes log needs --gpus N: how many units like "
-                "the log's the job runs on"
-            )
-        # Each logged unit fails as a whole, so it is a node of one GPU.
-        data.update(gpus=gpus, gpus_per_node=1, gpu_mtbf_h=mean_h)
-    rep = result.get("repair")
-    if rep is not None:
-        data["repair_h"] = rep["fits"][0].mean_s / 3600.0
-        data["repair"] = failure_spec(rep["fits"][0])
-    for key in ("checkpoint_s", "restart_s", "work_h"):
-        if getattr(args, key) is not None:
-            data[key] = getattr(args, key)
-    from simulator.scenario import Scenario
-
-    Scenario.from_mapping(data, source="--scenario-out")  # refuse a file optimize would refuse
-    return data
-
-
 def _toml(data: dict, header: list[str]) -> str:
     lines = [f"# {h}" for h in header]
     for key, value in data.items():
@@ -256,7 +148,15 @@ def _strip(result: dict) -> dict:
 
 def run(args) -> int:
     from simulator.faillog import read_failure_log
+    from simulator.fit import fit_log, scenario_from_fit
+    from simulator.outfile import check_output, write_atomic
 
+    # Both outputs are checked before the fits run, not after.
+    scenario_out = plot = None
+    if args.scenario_out:
+        scenario_out = check_output(args.scenario_out, "--scenario-out", (".toml",))
+    if args.plot:
+        plot = check_output(args.plot, "--plot", (".png", ".svg"))
     log = read_failure_log(
         args.file,
         unit=args.unit,
@@ -272,9 +172,10 @@ def run(args) -> int:
         raise InputError(f"{args.file}: no lifetimes in the log (fewer than two failures?)")
     if log.events == 0:
         raise InputError(f"{args.file}: every lifetime is censored (no failures): nothing to fit")
-    result = _analyse(log)
-    if args.scenario_out:
-        data = _scenario(args, log, result)
+    result = fit_log(log)
+    if scenario_out is not None:
+        fixed = {k: getattr(args, k) for k in ("checkpoint_s", "restart_s", "work_h")}
+        data = scenario_from_fit(log, result, name=scenario_out.stem, gpus=args.gpus, **fixed)
         best = result["fits"][0]
         header = [
             f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by AIC "
@@ -287,13 +188,13 @@ def run(args) -> int:
                 f"Not given, so ckptsim's defaults (60 s save, 600 s restart): "
                 f"{', '.join(missing)}."
             )
-        try:
-            Path(args.scenario_out).write_text(_toml(data, header), encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"cannot write {args.scenario_out}: {exc.strerror}") from None
+        text = _toml(data, header)
+        write_atomic(
+            scenario_out, lambda tmp: tmp.write_text(text, encoding="utf-8"), "--scenario-out"
+        )
         result["scenario"] = data
-    if args.plot:
-        _plot(args, log, result)
+    if plot is not None:
+        _plot(args, log, result, plot)
     if args.json:
         print_json(_strip(result))
     else:
@@ -304,13 +205,14 @@ def run(args) -> int:
     return 0
 
 
-def _plot(args, log, result) -> None:
+def _plot(args, log, result, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from simulator.fit import plot_survival
+    from simulator.plots import save
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     plot_survival(
@@ -322,9 +224,4 @@ def _plot(args, log, result) -> None:
         unit=args.unit,
     )
     ax.set_title(f"{Path(args.file).name}: survival, Kaplan-Meier and fits")
-    try:
-        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot write plot {args.plot}: {exc}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path, formats=(path.suffix.lstrip(".").lower(),))  # atomic, closes the figure
