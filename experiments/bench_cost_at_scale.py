@@ -27,31 +27,49 @@ from simulator.bench import BenchConfig, run_benchmark  # noqa: E402
 from simulator.cli.bench import format_table  # noqa: E402
 
 
-def _plot(profile, result):
+def _plot(profile):
+    """Every repeat of every writer count as its own point (formats side by side, repeats
+    spread a little, so none hides another), and each fit solid where measured, dashed beyond."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for fmt, marker in (("raw", "o"), ("dcp", "s")):
-        pts = [s for s in result.samples if s.get("bench") == "writers" and s["format"] == fmt]
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    for i, (fmt, marker) in enumerate((("raw", "o"), ("dcp", "s"))):
+        pts = [s for s in profile.samples if s.get("bench") == "writers" and s["format"] == fmt]
+        x = np.array([p["writers"] for p in pts], dtype=float)
+        # Side by side on the log axis (raw left, dcp right), repeats fanned out within that.
+        rank = np.array([sum(1 for q in pts[:k] if q["writers"] == p["writers"])
+                         for k, p in enumerate(pts)])  # fmt: skip
+        x = x * 2 ** ((i - 0.5) * 0.18 + (rank - 2) * 0.025)
         ax.scatter(
-            [p["writers"] for p in pts],
+            x,
             [p["aggregate_bytes_per_s"] / 1e9 for p in pts],
             marker=marker,
+            color=f"C{i}",
             label=f"{fmt} (each repeat)",
-            alpha=0.7,
+            alpha=0.8,
+            edgecolors="black",
+            linewidths=0.4,
+            zorder=3,
         )
         curve = profile.contention.get(fmt)
         if curve:
-            n = np.linspace(1, max(curve.writers) * 2, 100)
-            ax.plot(n, [curve.aggregate_bytes_per_s(v) / 1e9 for v in n], label=f"{fmt} USL fit")
+            top = max(curve.writers)
+            inside = np.linspace(1, top, 60)
+            beyond = np.linspace(top, 2 * top, 30)
+            ax.plot(inside, [curve.aggregate_bytes_per_s(v) / 1e9 for v in inside],
+                    color=f"C{i}", label=f"{fmt} USL fit")  # fmt: skip
+            ax.plot(beyond, [curve.aggregate_bytes_per_s(v) / 1e9 for v in beyond],
+                    color=f"C{i}", ls="--", label=f"{fmt} fit, extrapolated")  # fmt: skip
     ax.set_xlabel("parallel writers (processes, one shard each)")
     ax.set_ylabel("aggregate write bandwidth (GB/s)")
     ax.set_xscale("log", base=2)
-    ax.legend()
+    ticks = [1, 2, 4, 8, 16]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the points
     ax.set_title("Parallel sharded saves against the raw disk, one run")
     fig.tight_layout()
     return ax
@@ -65,7 +83,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=REPO)
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--reports", type=Path, default=REPO / "reports")
+    ap.add_argument(
+        "--render-only",
+        action="store_true",
+        help="redraw the figure from the profile JSON the last run kept (runs nothing)",
+    )
     args = ap.parse_args(argv)
+    if args.render_only:
+        from simulator.costmodel import CostProfile
+
+        name = f"bench-scale-{args.machine}"
+        profile = CostProfile.load(args.reports / f"{name}.json")
+        print(figure(_plot(profile), f"{name}-writers"))
+        return 0
     load_before = os.getloadavg()[0]
     started = time.time()
     cfg = BenchConfig(
@@ -80,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = result.profile()
     name = f"bench-scale-{args.machine}"
     profile.save(args.reports / f"{name}.json")
-    img = figure(_plot(profile, result), f"{name}-writers")
+    img = figure(_plot(profile), f"{name}-writers")
     m = result.machine
     restore = result.goals["restore_ratio_to_raw"]
     lines = [
