@@ -146,11 +146,8 @@ def _scenario(args: argparse.Namespace):
 def _trace(args: argparse.Namespace, scenario):
     """The replayed failure times (None without --trace) and the scenario they run against."""
     if args.trace is None:
-        for flag in ("time_column",):
-            if getattr(args, flag) is not None:
-                raise InputError(f"--{flag.replace('_', '-')} needs --trace FILE")
-        if args.unit != "s" or args.trace_start != "first":
-            raise InputError("--unit and --trace-start need --trace FILE")
+        if args.time_column is not None or args.unit != "s" or args.trace_start != "first":
+            raise InputError("--time-column, --unit and --trace-start need --trace FILE")
         return None, scenario
     from simulator.trace import TraceStart, read_trace, trace_mtbf_s
 
