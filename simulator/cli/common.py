@@ -390,7 +390,7 @@ def as_flags(message: str, fields) -> str:
 
 def require_failure_rate(scenario) -> None:
     """Refuse, in one line naming the flags, a job with no failure rate to optimise against."""
-    if not scenario.has_mtbf and not scenario.failure_classes:
+    if not scenario.has_mtbf:
         raise InputError(
             "no failure rate: give --mtbf-h HOURS (system MTBF), or --gpus N with "
             "--gpu-mtbf-h HOURS, or a --scenario (file with mtbf_h or gpu_mtbf_h, or a preset)"
