@@ -8,6 +8,11 @@ a fraction of a second and re-raises in the caller. Workers ignore SIGINT themse
 terminal's Ctrl-C reaches the whole process group — so only the parent decides, and no worker
 prints a traceback.
 
+``Pool.terminate()`` itself can hang (CPython issues 73945, 78178, 96995: it first takes the
+task queue's read lock, which an idle worker holds while it waits for a task that will never
+come). So the stop is bounded: terminate runs in a helper thread, and if it has not finished
+within ``STOP_WAIT_S`` the workers are killed outright (SIGKILL) and the caller goes on.
+
 ``worker_count`` caps a request at the machine's cores: more processes than cores only add
 start-up time and memory (1000 requested workers used to start ~955 processes).
 """
@@ -15,8 +20,10 @@ start-up time and memory (1000 requested workers used to start ~955 processes).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -61,8 +68,11 @@ def run_tasks(
     # is held until the pool exists, then lands inside the try below.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pool = None
+    stopped = True
     try:
+        before = set(multiprocessing.active_children())
         pool = multiprocessing.Pool(workers, initializer=_ignore_sigint)
+        mine = [p for p in multiprocessing.active_children() if p not in before]
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         imap = pool.imap if ordered else pool.imap_unordered
         yield from imap(fn, tasks, chunksize)
@@ -76,12 +86,31 @@ def run_tasks(
             previous = None
         try:
             if pool is not None:
-                pool.terminate()
+                stopped = _stop(pool, mine)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        if pool is not None:
+        if pool is not None and stopped:
             pool.join()
+
+
+STOP_WAIT_S = 2.0
+"""How long ``Pool.terminate()`` may take before the workers are killed without it."""
+
+
+def _stop(pool: multiprocessing.pool.Pool, workers: list) -> bool:
+    """Terminate ``pool``; True if it finished, False if its workers had to be killed."""
+    stopper = threading.Thread(target=pool.terminate, name="ckptsim-pool-stop", daemon=True)
+    stopper.start()
+    stopper.join(STOP_WAIT_S)
+    if not stopper.is_alive():
+        return True
+    for proc in workers:  # terminate() is stuck on a lock: end the workers without it
+        if proc.exitcode is None:
+            proc.kill()
+    for proc in workers:
+        proc.join(STOP_WAIT_S)
+    return False
