@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -133,11 +134,31 @@ def _workspace(tmp_path):
     )
 
 
+EXAMPLE_LIMIT_S = 60
+"""No example may run longer: with the tiny budget, anything valid ends in well under a second
+here, so one that runs a minute is a runaway (and would otherwise hang the suite, unnamed)."""
+
+
+class Runaway(BaseException):  # past any `except Exception` in the CLI
+    pass
+
+
+def _runaway(signum, frame):
+    raise Runaway
+
+
 def check(argv, capsys):
+    previous = signal.signal(signal.SIGALRM, _runaway)
+    signal.alarm(EXAMPLE_LIMIT_S)
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse errors
         code = exc.code
+    except Runaway:
+        pytest.fail(f"ran over {EXAMPLE_LIMIT_S} s despite the budget: {argv}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     out, err = capsys.readouterr()
     if os.environ.get("CKPTSIM_FUZZ_LOG"):
         with open(os.environ["CKPTSIM_FUZZ_LOG"], "a") as f:
