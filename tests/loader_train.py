@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.prefetch:
         step = ckpt.restore()
-        print("START", step, flush=True)
+        say(f"START {step}")
         x, y = ckpt.extra["batch"]
         while step < args.epochs * SAMPLES // BATCH:
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         loader = ckpt.wrap(make_loader(args.loader, args.workers, sampler))
         step = ckpt.restore()
-        print("START", step, flush=True)
+        say(f"START {step}")
         for _epoch in range(loader.epoch, args.epochs):
             for x, y in loader:
                 train(x, y)
@@ -155,9 +155,19 @@ def main(argv: list[str] | None = None) -> int:
         },
         out / f"rank{rank}.pt",
     )
-    print("DONE", flush=True)
+    say("DONE")
     if args.ddp:
         torch.distributed.destroy_process_group()
+        # No destructors after: DDP still holds the gloo group, and freeing it while this
+        # frame unwinds can hang a rank (as it did in the HF two-rank child, in CI).
+        os._exit(0)
+
+
+def say(line: str) -> None:
+    """One write of the whole line: ranks share torchrun's stdout, and print() may write a
+    line's pieces apart, so another rank's output lands inside it."""
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
     return 0
 
 
