@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.prefetch:
         step = ckpt.restore()
-        say(f"START {step}")
+        say(f"START {step}", shared=args.ddp)
         x, y = ckpt.extra["batch"]
         while step < args.epochs * SAMPLES // BATCH:
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         loader = ckpt.wrap(make_loader(args.loader, args.workers, sampler))
         step = ckpt.restore()
-        say(f"START {step}")
+        say(f"START {step}", shared=args.ddp)
         for _epoch in range(loader.epoch, args.epochs):
             for x, y in loader:
                 train(x, y)
@@ -155,20 +155,24 @@ def main(argv: list[str] | None = None) -> int:
         },
         out / f"rank{rank}.pt",
     )
-    say("DONE")
+    say("DONE", shared=args.ddp)
     if args.ddp:
         torch.distributed.destroy_process_group()
         # No destructors after: DDP still holds the gloo group, and freeing it while this
         # frame unwinds can hang a rank (as it did in the HF two-rank child, in CI).
         os._exit(0)
+    return 0
 
 
-def say(line: str) -> None:
-    """One write of the whole line: ranks share torchrun's stdout, and print() may write a
-    line's pieces apart, so another rank's output lands inside it."""
+def say(line: str, *, shared: bool) -> None:
+    """Print a line; on ranks that share torchrun's stdout, in one write of the whole line
+    (print() may write a line's pieces apart, and another rank's output lands inside it).
+    In one process it is print(), so a caller's redirect_stdout still applies."""
+    if not shared:
+        print(line, flush=True)
+        return
     sys.stdout.flush()
     os.write(1, (line + "\n").encode())
-    return 0
 
 
 if __name__ == "__main__":
