@@ -8,8 +8,10 @@ Events. One replica of a policy saving every τ seconds of compute simulates abo
 ``E[wall] · (1/M + 1/(τ + δ)) + G`` events: the failures and saves of its expected wall time,
 plus one first lifetime drawn for each of its G components (GPUs, nodes) when they age on
 their own. ``E[wall]`` is Daly's expected wall time (exact for exponential failures; the
-long-run failure rate 1/M stands in for other families), capped at ``des.MAX_WALL_FACTOR``
-times the work, where both simulators give up on a job that makes no headway.
+long-run failure rate 1/M stands in for other families; an asynchronous save counts its
+stall plus its background write, the time until a snapshot is safe, which bounds it), capped
+at ``des.MAX_WALL_FACTOR`` times the work, where both simulators give up on a job that makes
+no headway.
 
 Memory. The fast engine holds each replica's failure times in one matrix (replicas × failures)
 and about ``FAST_ARRAYS`` arrays of that shape at once, plus a few arrays of one float per GPU
@@ -115,13 +117,22 @@ def _job_mtbf_s(scenario: Scenario) -> float:
     return 1.0 / rate
 
 
+def _exposed_save_s(scenario: Scenario) -> float:
+    """Seconds from a snapshot until it is safe: the stall, plus the write behind it when the
+    save is asynchronous. An asynchronous save commits each snapshot no later than a
+    synchronous save stalling this long would, so Daly's wall time with it bounds the job's."""
+    if scenario.async_checkpoint:
+        return scenario.save_stall_s + scenario.checkpoint_write_s
+    return scenario.save_stall_s
+
+
 def _wall_s(scenario: Scenario, interval_s: float) -> float:
     work = float(scenario.work_s or 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
         wall = float(
             analytic.daly_wall_time(
                 interval_s,
-                scenario.save_stall_s,
+                _exposed_save_s(scenario),
                 _job_mtbf_s(scenario),
                 scenario.recovery_s,
                 work,
@@ -168,7 +179,13 @@ def estimate(
         engine=engine,
         wall_factor=min(walls) / work if work else 1.0,
         detail=(
-            f"a save of {scenario.save_stall_s:.3g} s and a restart of {scenario.recovery_s:.3g} s "
+            f"a save of {scenario.save_stall_s:.3g} s"
+            + (
+                f" whose write takes {scenario.checkpoint_write_s:.3g} s behind it"
+                if scenario.async_checkpoint
+                else ""
+            )
+            + f" and a restart of {scenario.recovery_s:.3g} s "
             f"against a job MTBF of {_job_mtbf_s(scenario):.3g} s"
         ),
     )

@@ -31,6 +31,13 @@ __all__ = ["FORMULA_KEYS", "HOPELESS_WASTE", "recommend", "scenario_recovery_s",
 HOUR = 3600.0
 
 
+def _background_write_s(scenario) -> float | None:
+    """The write behind an async save's stall, seconds; None for a blocking save."""
+    if not getattr(scenario, "async_checkpoint", False):
+        return None
+    return float(scenario.checkpoint_write_s)
+
+
 def scenario_stall_s(scenario) -> float:
     """δ from a scenario: the staging copy of an async save, else the write (or checkpoint_s)."""
     return float(getattr(scenario, "save_stall_s", scenario.checkpoint_s))
@@ -149,13 +156,24 @@ def recommend(
             result["ideal_job_usd"] = job.ideal_usd
             result["expected_job_usd"] = job.expected_usd
     result["rows"] = rows
-    result["warnings"] = _warnings(scenario, delta_s, mtbf_s)
+    result["warnings"] = _warnings(scenario, delta_s, mtbf_s, best["interval_s"])
     result["recommendation"] = _recommendation(result)
     return result
 
 
-def _warnings(scenario, delta_s: float, mtbf_s: float) -> list[str]:
+def _warnings(scenario, delta_s: float, mtbf_s: float, interval_s: float) -> list[str]:
     warnings = []
+    write_s = _background_write_s(scenario)
+    if write_s is not None and write_s > min(interval_s, mtbf_s):
+        what, bound = ("the interval", interval_s)
+        if write_s > mtbf_s:
+            what, bound = ("the system MTBF", mtbf_s)
+        warnings.append(
+            f"the async save's background write ({format_duration(write_s)}) outlasts {what}"
+            f" ({format_duration(bound)}); the closed forms count only its "
+            "stall, so saves that wait for the write, and failures before it lands, are left "
+            "out — check with `ckptsim optimize --simulate`"
+        )
     if delta_s >= mtbf_s:
         branch = " (Daly's τ = M branch)" if delta_s >= 2 * mtbf_s else ""
         warnings.append(

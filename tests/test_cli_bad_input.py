@@ -75,6 +75,11 @@ def assert_one_line_error(code, err, fragment):
          "no headway"),
         (["optimize", "--mtbf-h", "0.001", "--checkpoint-s", "60", "--work-h", "10",
           "--simulate"], "no headway"),
+        # An async save whose write never lands before a failure (3 bytes/s): ran for hours,
+        # the estimate counting only the 2.5 s stall (found by the CLI fuzz, CI stop 19).
+        (["simulate", "--scenario", "llama3", "--gpus", "64", "--gpu-mtbf-h", "5000", "--work-h",
+          "2", "--replicas", "3", "--write-bytes-per-s-per-node", "3", "--staging-s", "2.5",
+          "--workers", "1"], "no headway"),
         (["simulate", "--mtbf-h", "3", "--work-h", "1e12"], "--max-core-hours"),
         (["sweep", "--mtbf-h", "3", "--work-h", "1e12", "--replicas", "3"], "--max-core-hours"),
         (["simulate", *JOB[:4], "--replicas", "100000000"], "--max-core-hours"),

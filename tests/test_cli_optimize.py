@@ -134,6 +134,18 @@ def test_a_checkpoint_slower_than_the_mtbf_still_answers_and_warns(capsys):
     assert code == 0 and "warning: checkpointing cannot keep up" in out
 
 
+def test_an_async_write_longer_than_the_interval_is_a_warning_not_a_silent_answer(capsys):
+    # The closed forms count an async save's stall only; a write that outlasts the interval
+    # (saves wait for it) or the MTBF (no save ever lands) must be said, not left out.
+    flags = ("--mtbf-h", "3", "--staging-s", "5")
+    got, _ = run_json(capsys, *flags, "--checkpoint-s", "3000")
+    assert any("outlasts the interval" in w for w in got["warnings"]), got["warnings"]
+    got, _ = run_json(capsys, *flags, "--checkpoint-s", "1e6")
+    assert any("outlasts the system MTBF" in w for w in got["warnings"]), got["warnings"]
+    got, _ = run_json(capsys, *flags, "--checkpoint-s", "60")
+    assert not got["warnings"]
+
+
 def test_a_weibull_scenario_warns_that_the_closed_forms_assume_exponential(capsys):
     code, out, _ = run_cli(capsys, "--mtbf-h", "3", "--failure", "weibull:shape=0.7")
     assert code == 0 and "assume exponential" in out

@@ -220,6 +220,37 @@ def test_weibull_shape_one_per_gpu_matches_the_exponential_formula():
         assert lo <= expected_h <= hi, family
 
 
+@pytest.mark.parametrize(
+    ("tau_s", "write_s", "mtbf_s"),
+    [(1200.0, 1500.0, 2 * HOUR), (1800.0, 600.0, 0.5 * HOUR), (300.0, 7200.0, 3 * HOUR)],
+)
+def test_an_async_save_is_no_slower_than_a_blocking_save_of_stall_plus_write(
+    tau_s, write_s, mtbf_s
+):
+    # budget.py bounds an async job's wall time by Daly's with δ = stall + write: each snapshot
+    # is committed no later than such a blocking save would commit it. Checked where the write
+    # outlasts the interval, where it is a third of the MTBF, and where it is 24 intervals
+    # (the bound is nearly tight there: every save waits for the write).
+    stall_s, restart_s, work_s = 5.0, 300.0, 20 * tau_s
+    scenario = Scenario(
+        gpus=64,
+        gpu_mtbf_h=64 * mtbf_s / HOUR,
+        checkpoint_s=write_s,
+        staging_s=stall_s,
+        async_checkpoint=True,
+        restart_s=restart_s,
+        work_h=work_s / HOUR,
+    )
+    bound_h = analytic.daly_wall_time(tau_s, stall_s + write_s, mtbf_s, restart_s, work_s) / HOUR
+    stall_only_h = analytic.daly_wall_time(tau_s, stall_s, mtbf_s, restart_s, work_s) / HOUR
+    summary = simulate(
+        scenario, FixedInterval(tau_s), replicas=300, seed=1, workers=1, progress=False
+    ).summary()
+    lo, hi = summary["wall_h_ci95"]
+    assert hi <= bound_h
+    assert lo > stall_only_h  # the write costs something: the stall alone is no bound
+
+
 def test_every_replica_adds_up_in_every_model_variant():
     variants = [
         dict(failure="weibull:shape=0.7"),
