@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 from simulator import ckptio
 from simulator.controller.hf import (
     AdaptiveSaveCallback,
+    NoIntactCheckpoint,
     RunFinished,
     latest_checkpoint,
     resume_training,
@@ -354,15 +355,92 @@ def test_latest_checkpoint_is_none_for_an_empty_or_missing_directory(tmp_path):
     assert latest_checkpoint(tmp_path / "absent") is None
 
 
-def test_save_total_limit_keeps_only_the_newest_complete_checkpoint(tmp_path):
+def test_save_total_limit_keeps_the_newest_complete_and_deletes_nothing_it_did_not_write(
+    tmp_path,
+):
+    # A torn folder left before this run (its own files, or a kill in someone's save) is not
+    # known to be garbage: moved aside, byte for byte, never deleted. Was: deleted.
     torn = tmp_path / "checkpoint-5"
     torn.mkdir(parents=True)
     (torn / "model.safetensors").write_bytes(b"half")
-    _, ours, _ = _train(tmp_path, save_total_limit=1)
-    left = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
-    assert left == [f"checkpoint-{MAX_STEPS}"]
+    with pytest.warns(UserWarning, match=r"checkpoint-5.*moved aside.*never deleted"):
+        trainer, ours, _ = _trainer(tmp_path, save_total_limit=1)
+        trainer.train()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint-"))
+    assert left == [f"checkpoint-{MAX_STEPS}", "checkpoint-5.rejected-unverified"]
+    assert (tmp_path / left[1] / "model.safetensors").read_bytes() == b"half"
     assert len(ours.saved_steps) > 1
     assert latest_checkpoint(tmp_path) == str(tmp_path / f"checkpoint-{MAX_STEPS}")
+
+
+def _flip_a_byte(path: Path) -> None:
+    """Bit rot: one byte changed, the size kept (what Trainer and a size check cannot see)."""
+    with open(path, "r+b") as f:
+        f.seek(-3, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-3, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*/*")}
+
+
+def test_every_checkpoint_damaged_refuses_a_silent_fresh_start_and_keeps_them(run, tmp_path):
+    # Was: resume_training trained from step 1 without a word, and save_total_limit then
+    # deleted the damaged folders.
+    output_dir, *_ = run
+    out = tmp_path / "out"
+    shutil.copytree(output_dir, out)
+    damaged = [f"checkpoint-{s}" for s in _expected_saves()]
+    for name in damaged:
+        _flip_a_byte(out / name / "model.safetensors")
+    before = _files(out)
+    trainer, ours, spy = _trainer(out, save_total_limit=1)
+    with pytest.warns(UserWarning), pytest.raises(NoIntactCheckpoint) as refused:
+        resume_training(trainer)
+    message = str(refused.value)
+    assert all(name in message for name in damaged) and "CRC-32" in message
+    assert "allow_fresh_start=True" in message and "Nothing was deleted" in message
+    assert spy.flags == {} and _files(out) == before  # not one step, not one byte changed
+
+    # Starting over is the user's explicit choice; even then their folders are kept.
+    with pytest.warns(UserWarning, match="moved aside"):
+        resume_training(trainer, allow_fresh_start=True)
+    assert min(spy.flags) == 1 and ours.saved_steps == _expected_saves()
+    assert latest_checkpoint(out) == str(out / f"checkpoint-{MAX_STEPS}")
+    for name in damaged:
+        aside = out / f"{name}.rejected-unverified"
+        for rel, data in before.items():
+            if rel.startswith(name + "/"):
+                assert (aside / rel.split("/", 1)[1]).read_bytes() == data
+    # A relaunch of a directory whose every folder was moved aside refuses too.
+    for folder in out.glob("checkpoint-*"):
+        if ".rejected-" not in folder.name:
+            shutil.rmtree(folder)  # the fresh run's own
+    with pytest.raises(NoIntactCheckpoint, match="moved aside by an earlier launch"):
+        latest_checkpoint(out)
+
+
+def test_a_resume_from_an_older_step_moves_the_newer_folders_aside_unchanged(run, tmp_path):
+    # A deliberate roll-back (after a loss spike, say): Trainer would write its saves over the
+    # newer folders and retention would delete them. They are moved aside, byte for byte.
+    output_dir, *_ = run
+    out = tmp_path / "out"
+    shutil.copytree(output_dir, out)
+    first, *newer = _expected_saves()
+    before = _files(out)
+    with pytest.warns(UserWarning) as caught:
+        trainer, ours, _ = _trainer(out, save_total_limit=1)
+        trainer.train(resume_from_checkpoint=str(out / f"checkpoint-{first}"))
+    said = [str(w.message) for w in caught]
+    for step in newer:
+        assert any(f"checkpoint-{step}.rejected-newer" in m for m in said), said
+        for rel, data in before.items():
+            if rel.startswith(f"checkpoint-{step}/"):
+                moved = out / rel.replace(f"checkpoint-{step}", f"checkpoint-{step}.rejected-newer")
+                assert moved.read_bytes() == data
+    assert ours.saved_steps == _expected_saves(first_step=first)
 
 
 # -- the life cycle ----------------------------------------------------------------------------

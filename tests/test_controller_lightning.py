@@ -27,6 +27,7 @@ from simulator import ckptio
 from simulator.controller.lightning import (
     CHECKPOINT_FILE,
     AdaptiveCheckpoint,
+    NoIntactCheckpoint,
     latest_checkpoint,
 )
 from simulator.errors import InputError
@@ -214,12 +215,92 @@ def test_a_finished_run_saves_its_last_step_and_a_relaunch_trains_nothing(
         assert torch.equal(want, got)
 
 
-def test_a_damaged_newest_checkpoint_is_skipped_on_resume(tmp_path):
+def test_a_damaged_newest_checkpoint_is_skipped_on_resume_and_moved_aside(tmp_path):
     _fit(tmp_path, max_steps=10)
     newest = tmp_path / "step-00000010" / CHECKPOINT_FILE
     newest.write_bytes(newest.read_bytes()[:-7])  # torn write
     with pytest.warns(UserWarning, match="older checkpoint"):
         assert latest_checkpoint(tmp_path) == tmp_path / "step-00000006" / CHECKPOINT_FILE
+    # Resumed from step 6 with keep_last=2, the run saves 10 again, then 11 and 14: the
+    # damaged step 10 is moved aside at the start, so neither that save nor retention drops it.
+    with pytest.warns(UserWarning, match=r"step-00000010.*moved aside.*never deleted"):
+        _, callback = _fit(
+            tmp_path, tmp_path / "step-00000006" / CHECKPOINT_FILE, max_steps=14, quiet=False
+        )
+    assert callback.stats["resumed_from"] == 6
+    assert (tmp_path / "step-00000010.rejected-corrupt" / CHECKPOINT_FILE).is_file()
+
+
+def _flip_a_byte(path: Path) -> None:
+    """Bit rot: one byte changed, the size kept (what a size check cannot see)."""
+    with open(path, "r+b") as f:
+        f.seek(-20, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-20, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and "step-" in str(p)
+    }
+
+
+def test_every_checkpoint_damaged_refuses_a_silent_fresh_start_and_keeps_them(tmp_path):
+    # Was: latest_checkpoint gave None, fit started from step 0, and retention then deleted
+    # the damaged checkpoints (a silent restart that loses the run).
+    _fit(tmp_path, max_steps=10)
+    damaged = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step-"))
+    assert damaged == ["step-00000006", "step-00000010"]
+    for name in damaged:
+        _flip_a_byte(tmp_path / name / CHECKPOINT_FILE)
+    before = _tree(tmp_path)
+    with pytest.warns(UserWarning), pytest.raises(NoIntactCheckpoint) as refused:
+        latest_checkpoint(tmp_path)
+    message = str(refused.value)
+    assert all(name in message for name in damaged) and "CRC-32" in message
+    assert "allow_fresh_start=True" in message and "Nothing was deleted" in message
+    assert _tree(tmp_path) == before
+
+    # Starting over is the user's explicit choice, and even then nothing of theirs is deleted.
+    with pytest.warns(UserWarning):
+        assert latest_checkpoint(tmp_path, allow_fresh_start=True) is None
+    _, callback = _fit(tmp_path, None, max_steps=14)
+    assert callback.stats["resumed_from"] is None and callback.saved_steps == [6, 11, 14]
+    aside = sorted(p.name for p in tmp_path.iterdir() if ".rejected-" in p.name)
+    assert aside == [f"{name}.rejected-corrupt" for name in damaged]
+    for name in damaged:  # byte for byte what was there, under the new name
+        for rel, data in before.items():
+            if rel.startswith(name + "/"):
+                moved = tmp_path / rel.replace(name, f"{name}.rejected-corrupt", 1)
+                assert moved.read_bytes() == data
+    assert latest_checkpoint(tmp_path).parent.name == "step-00000014"
+
+
+def test_a_relaunch_after_the_damaged_were_moved_aside_still_refuses(tmp_path):
+    _fit(tmp_path, max_steps=8)
+    for p in tmp_path.glob("step-*"):
+        p.rename(tmp_path / f"{p.name}.rejected-corrupt")  # what an earlier launch did
+    with pytest.raises(NoIntactCheckpoint, match="moved aside by an earlier launch"):
+        latest_checkpoint(tmp_path)
+
+
+def test_a_copy_whose_name_says_a_later_step_is_set_aside_before_training(tmp_path):
+    # A step-00000090 holding step 6 would win every resume; retention would then delete the
+    # newer checkpoints. The step inside is known once Lightning restores it: refused then.
+    _fit(tmp_path, max_steps=10)
+    (tmp_path / "step-00000006").rename(tmp_path / "step-00000090")
+    chosen = latest_checkpoint(tmp_path)
+    assert chosen.parent.name == "step-00000090"
+    with pytest.raises(InputError, match=r"holds step 6, its name says 90.*relaunch to resume"):
+        _fit(tmp_path, chosen, max_steps=14)
+    assert (tmp_path / "step-00000090.rejected-misnamed" / CHECKPOINT_FILE).is_file()
+    events = [json.loads(line)["event"] for line in (tmp_path / "runlog.jsonl").open()]
+    assert events[-1] == "refused"
+    _, callback = _fit(tmp_path, latest_checkpoint(tmp_path), max_steps=14)  # the relaunch
+    assert callback.stats["resumed_from"] == 10 and callback.saved_steps == [14]
 
 
 def test_the_run_log_records_each_save(uninterrupted):

@@ -34,12 +34,20 @@ The adaptive interval is the only step-based schedule: ``save_strategy="steps"``
 (its saves would reset the adaptive interval, which then never asks for one). ``"epoch"`` and
 ``"best"`` saves are fine and count as saves: the interval restarts from them.
 
+No silent fresh start: when ``output_dir`` holds checkpoint folders but none is complete,
+:func:`latest_checkpoint` (and so :func:`resume_training`) raises :class:`NoIntactCheckpoint`
+unless ``allow_fresh_start=True``. When training begins, rank 0 moves every ``checkpoint-N``
+newer than the step it starts from aside to ``checkpoint-N.rejected-<why>`` (damaged ones, or
+newer ones a resume from an older step passed over), so Trainer never writes over them and
+retention never deletes them.
+
 Retention: ``save_total_limit`` counts complete checkpoints only. Trainer's own rotation counts
 torn folders too and runs before the marker exists, so it could delete the last complete
 checkpoint; the callback therefore switches it off for the run (``args.save_total_limit`` is
 None while training, restored after) and, after each marker, keeps the newest
 ``save_total_limit`` complete folders (and ``best_model_checkpoint``) and deletes older ones and
-torn folders older than the save just made. Without ``save_total_limit`` nothing is deleted.
+this run's own torn folders older than the save just made (each renamed aside, then removed, so
+a kill never leaves half a folder). Without ``save_total_limit`` nothing is deleted.
 """
 
 from __future__ import annotations
@@ -48,7 +56,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import time
 import warnings
@@ -56,9 +63,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from simulator import ckptio
+from simulator.controller.commit import REJECTED, reject
+from simulator.controller.integrity import NoIntactCheckpoint
+from simulator.controller.storage import LocalStorage, delete_checkpoint, finish_deletions
 from simulator.errors import InputError
 
-__all__ = ["AdaptiveSaveCallback", "RunFinished", "latest_checkpoint", "resume_training"]
+__all__ = [
+    "AdaptiveSaveCallback",
+    "NoIntactCheckpoint",
+    "RunFinished",
+    "latest_checkpoint",
+    "resume_training",
+]
 
 log = logging.getLogger("simulator.controller")
 
@@ -108,18 +124,44 @@ def _why_not(step: int, folder: Path) -> str | None:
     return None
 
 
-def latest_checkpoint(output_dir: str | os.PathLike) -> str | None:
+def latest_checkpoint(
+    output_dir: str | os.PathLike, *, allow_fresh_start: bool = False
+) -> str | None:
     """The newest complete ``checkpoint-N`` folder of ``output_dir`` (CRC-verified), or None.
 
     Each newer folder that is skipped (torn, damaged, unmarked, a symlink) gets a warning naming
-    it and why. Pass the result to ``trainer.train(resume_from_checkpoint=...)``.
+    it and why. Pass the result to ``trainer.train(resume_from_checkpoint=...)``. None only when
+    there is nothing to resume: a directory that holds checkpoint folders (or ones an earlier
+    launch moved aside) none of which is complete raises :class:`NoIntactCheckpoint`, as the
+    AdaptiveCheckpointer's restore does, unless ``allow_fresh_start`` (start from step 0 and
+    keep the folders).
     """
+    skipped = []
     for step, folder in _folders(Path(output_dir)):
         reason = _why_not(step, folder)
         if reason is None:
             return str(folder)
         warnings.warn(f"skipping {folder}: {reason}", stacklevel=2)
+        skipped.append(f"{folder.name}: {reason}")
+    skipped += [f"{name}: moved aside by an earlier launch" for name in _aside(Path(output_dir))]
+    if skipped and not allow_fresh_start:
+        raise NoIntactCheckpoint(
+            f"no complete checkpoint to resume from in {output_dir}: {'; '.join(skipped)}. "
+            "Nothing was deleted: rescue one by hand (rename it back), or pass "
+            "allow_fresh_start=True to start from step 0"
+        )
     return None
+
+
+def _aside(output_dir: Path) -> list[str]:
+    """``checkpoint-N.rejected-*`` folders: moved aside by an earlier launch, never deleted."""
+    if not output_dir.is_dir():
+        return []
+    return sorted(
+        e.name
+        for e in output_dir.iterdir()
+        if REJECTED in e.name and _CHECKPOINT.match(e.name.split(REJECTED, 1)[0])
+    )
 
 
 def _finished_at(checkpoint: str, max_steps: int) -> int | None:
@@ -129,12 +171,14 @@ def _finished_at(checkpoint: str, max_steps: int) -> int | None:
     return step if target > 0 and step >= target else None
 
 
-def resume_training(trainer, **train_kwargs):
+def resume_training(trainer, *, allow_fresh_start: bool = False, **train_kwargs):
     """``trainer.train`` from the newest complete checkpoint; None at once if the run finished.
 
-    A fresh start when there is none (the warnings say what was skipped).
+    A fresh start when the directory holds no checkpoint. When it holds some but none is
+    complete, :class:`NoIntactCheckpoint` (see :func:`latest_checkpoint`), unless
+    ``allow_fresh_start``: then training starts from step 0 and the folders are moved aside.
     """
-    checkpoint = latest_checkpoint(trainer.args.output_dir)
+    checkpoint = latest_checkpoint(trainer.args.output_dir, allow_fresh_start=allow_fresh_start)
     if checkpoint is not None:
         step = _finished_at(checkpoint, trainer.args.max_steps)
         if step is not None:
@@ -216,6 +260,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
         """A preemption signal arrived; the run saved and stopped."""
         self._step_end_t: float | None = None
         self._save_total_limit = None
+        self._begin_step = 0
 
     @property
     def stats(self) -> dict:
@@ -254,6 +299,8 @@ class AdaptiveSaveCallback(_TrainerCallback):
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         self.schedule.start(state.global_step)
         self._sync_stats()
+        self._begin_step = state.global_step
+        self._set_aside_newer(Path(args.output_dir), state.global_step)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -315,6 +362,30 @@ class AdaptiveSaveCallback(_TrainerCallback):
         return control
 
     # -- helpers -----------------------------------------------------------------------------
+    def _set_aside_newer(self, output_dir: Path, begin_step: int) -> None:
+        """Move aside every ``checkpoint-N`` newer than the step this run starts from.
+
+        They are the folders :func:`latest_checkpoint` skipped (torn, damaged, misnamed), or
+        newer ones a deliberate resume from an older step passed over; Trainer would write its
+        own saves over them and retention would then delete them. Moved to
+        ``checkpoint-N.rejected-<why>``, they are kept for a person to rescue. Every rank has
+        loaded its checkpoint by now (Trainer loads before ``on_train_begin``; each rank's RNG
+        file, read later, is in the folder it resumed from, which stays).
+        """
+        backend = self.checkpointer.backend
+        backend.barrier()  # every rank has chosen its folder before any is moved
+        if backend.rank == 0:
+            storage = LocalStorage(output_dir)
+            for step, folder in _folders(output_dir):
+                if step <= begin_step or folder.is_symlink():
+                    continue  # a symlink is never followed, moved or deleted: not ours
+                reason = _why_not(step, folder)
+                why = "newer" if reason is None else "unverified"
+                reason = reason or f"newer than step {begin_step}, which this run starts from"
+                line = reject(storage, folder.name, why, reason)
+                warnings.warn(f"{line}; never deleted", stacklevel=3)
+        backend.barrier()  # and none trains on before they are
+
     def _drop_stale_marker(self, args, step: int) -> None:
         # Trainer rewrites an existing checkpoint-<step> in place; until the new marker is
         # written, an old one must not vouch for files that are being replaced.
@@ -325,7 +396,9 @@ class AdaptiveSaveCallback(_TrainerCallback):
 
     def _rotate(self, output_dir: Path, state) -> None:
         """Keep the newest ``save_total_limit`` complete folders (and the best); delete the rest
-        that are older than the save just made. Torn folders do not count."""
+        that are older than the save just made. Torn folders do not count, and only this run's
+        own are deleted (newer than its start): an older torn one is not known to be garbage."""
+        finish_deletions(LocalStorage(output_dir))  # what a kill during a deletion left
         best = state.best_model_checkpoint
         best = Path(best).resolve() if best else None
         kept = 0
@@ -340,7 +413,9 @@ class AdaptiveSaveCallback(_TrainerCallback):
                 continue
             if step >= state.global_step:
                 continue  # newer torn folders are rewritten or deleted by later saves
+            if not complete and step <= self._begin_step:
+                continue  # torn before this run began: someone's data, not this run's garbage
             log.info("deleting %s (save_total_limit=%d)", folder, self._save_total_limit)
-            # The marker first: a kill during rmtree leaves a folder that reads as torn.
-            (folder / ckptio.MANIFEST).unlink(missing_ok=True)
-            shutil.rmtree(folder, ignore_errors=True)
+            # Renamed aside first, then removed: a kill leaves a .deleting- entry that the next
+            # deletion finishes, never a half-deleted folder that still reads as a checkpoint.
+            delete_checkpoint(LocalStorage(output_dir), folder.name)

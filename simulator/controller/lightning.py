@@ -31,6 +31,12 @@ collective inside the signal handler, which can deadlock the ranks; that is Ligh
 Lightning cannot resume from a save at an epoch's last batch (it restores the loader at the
 epoch's end and then counts the next epoch as run), so a save due there waits one step.
 
+No silent fresh start: :func:`latest_checkpoint` raises :class:`NoIntactCheckpoint` when the
+directory holds checkpoints but none is intact (unless ``allow_fresh_start=True``), and when
+training starts rank 0 moves every checkpoint newer than the restored one (the damaged ones it
+skipped) aside to ``step-N.rejected-<why>``, so retention never deletes them. A restored
+checkpoint whose step is not its name's is moved aside as misnamed and ``fit`` stops.
+
 Resume with ``trainer.fit(model, ckpt_path=latest_checkpoint(directory))``. Once the directory
 holds a checkpoint, ``fit`` must resume from that newest one: no ``ckpt_path`` (a fresh start)
 or any other file (an older step, a ModelCheckpoint's) would write a second history into the
@@ -51,7 +57,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from simulator import ckptio
+from simulator.controller.commit import choose_checkpoint, misnamed, reject, rejected_aside
+from simulator.controller.integrity import NoIntactCheckpoint
 from simulator.controller.storage import (
     LocalStorage,
     apply_retention,
@@ -60,7 +67,7 @@ from simulator.controller.storage import (
 )
 from simulator.errors import InputError
 
-__all__ = ["CHECKPOINT_FILE", "AdaptiveCheckpoint", "latest_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "AdaptiveCheckpoint", "NoIntactCheckpoint", "latest_checkpoint"]
 
 CHECKPOINT_FILE = "lightning.ckpt"
 """The file Lightning writes inside each ``step-NNNNNNNN/`` directory."""
@@ -73,22 +80,44 @@ except ImportError:  # pragma: no cover - exercised only where lightning is abse
     _Callback = object
 
 
-def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+def latest_checkpoint(
+    directory: str | os.PathLike, *, allow_fresh_start: bool = False
+) -> Path | None:
     """The newest intact Lightning checkpoint file under ``directory``, or None.
 
-    Checkpoints whose files do not match their manifest (a torn or damaged write) are
-    skipped with a warning, so a resume falls back to the previous good one.
+    The controller's own rules choose (``commit.choose_checkpoint``, reading only): a
+    checkpoint whose files do not match its manifest (a torn or damaged write), a symlink, or
+    one without ``lightning.ckpt`` is skipped with a warning, so a resume falls back to the
+    previous good one. None only when there is nothing to resume: a directory holding
+    checkpoints (or ones an earlier launch moved aside) none of which is intact raises
+    :class:`NoIntactCheckpoint`, unless ``allow_fresh_start`` (start from step 0; when training
+    starts they are moved aside, never deleted).
     """
     directory = Path(directory)
-    names = [n for n in LocalStorage(directory).list() if checkpoint_step(n) is not None]
-    for name in sorted(names, key=checkpoint_step, reverse=True):
-        try:
-            ckptio.verify_checkpoint(directory / name)
-        except ckptio.CorruptCheckpoint as exc:
-            warnings.warn(f"{exc}; trying an older checkpoint", stacklevel=2)
-            continue
-        if (directory / name / CHECKPOINT_FILE).is_file():
+    storage = LocalStorage(directory)
+    skipped: dict[str, str] = {}
+    while True:
+        name, rejected = choose_checkpoint(
+            directory, storage, None, tidy=False, skip=frozenset(skipped)
+        )
+        if name is not None and not (directory / name / CHECKPOINT_FILE).is_file():
+            rejected[name] = f"{name}: no {CHECKPOINT_FILE} in it (not a Lightning checkpoint)"
+        for line in rejected.values():
+            warnings.warn(f"{line}; trying an older checkpoint", stacklevel=2)
+        skipped.update(rejected)
+        if name is None:
+            break
+        if name not in rejected:
             return directory / name / CHECKPOINT_FILE
+    lines = list(skipped.values()) + [
+        f"{n}: moved aside by an earlier launch" for n in rejected_aside(storage)
+    ]
+    if lines and not allow_fresh_start:
+        raise NoIntactCheckpoint(
+            f"no intact checkpoint to resume from in {directory}: {'; '.join(lines)}. "
+            "Nothing was deleted: rescue one by hand (rename it back), or pass "
+            "allow_fresh_start=True to start from step 0"
+        )
     return None
 
 
@@ -247,6 +276,7 @@ class AdaptiveCheckpoint(_Callback):
             backend=_TrainerBackend(trainer),
             **self._checkpointer_options(),
         )
+        self._set_aside_unusable(trainer)
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         step = trainer.global_step
         self._last_step = step
@@ -363,7 +393,7 @@ class AdaptiveCheckpoint(_Callback):
     def _resume_problem(self, ckpt_path) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn newest one: latest_checkpoint falls back
-            newest = latest_checkpoint(self.directory)
+            newest = latest_checkpoint(self.directory, allow_fresh_start=True)
         if newest is None:
             return None
         how = (
@@ -382,6 +412,40 @@ class AdaptiveCheckpoint(_Callback):
                 f"histories in one directory: {how}"
             )
         return None
+
+    def _set_aside_unusable(self, trainer) -> None:
+        """Rank 0, holding the directory's lock: move aside (never delete) every checkpoint
+        newer than the one restored (the damaged ones ``latest_checkpoint`` skipped), so
+        retention cannot delete them; refuse a restored checkpoint whose step is not its name's.
+
+        The step inside is known only once Lightning has restored it: a copy named
+        ``step-00000090`` holding step 30 would win every resume, and retention would delete
+        the newer checkpoints. It is moved aside as misnamed, and ``fit`` stops before training.
+        """
+        strategy = trainer.strategy
+        strategy.barrier("ckptsim-restored")  # every rank has restored before anything moves
+        problem = None
+        if trainer.is_global_zero:
+            storage = LocalStorage(self.directory)
+            _, rejected = choose_checkpoint(self.directory, storage, None, tidy=True)
+            for line in rejected.values():
+                warnings.warn(f"{line}; never deleted", stacklevel=3)
+            restored = Path(trainer.ckpt_path) if trainer.ckpt_path else None
+            named = restored.parent.name if restored is not None else ""
+            mismatch = None
+            if checkpoint_step(named) is not None:
+                mismatch = misnamed(named, trainer.global_step)
+            if mismatch is not None:
+                line = f"{restored.parent}: {mismatch}"
+                if restored.parent.resolve() == (self.directory / named).resolve():
+                    line = reject(storage, named, "misnamed", mismatch)  # ours: set aside
+                problem = f"refusing to train on from {restored}: {line}; relaunch to resume"
+        problem = strategy.broadcast(problem, src=0)
+        if problem is not None:
+            ckpt, self.checkpointer = self.checkpointer, None
+            ckpt.runlog.append("refused", session_s=0.0, reason=problem)
+            ckpt._end_session()
+            raise InputError(problem)
 
     def _warn_about_other_periodic_saves(self, trainer) -> None:
         from lightning.pytorch.callbacks import ModelCheckpoint
