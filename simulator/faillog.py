@@ -193,6 +193,12 @@ def parse_times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
     return ns / 1e9, True
 
 
+_YEAR_S = 365.25 * 86400.0
+MAX_WINDOW_S = 100 * _YEAR_S
+"""The longest observation window ``--end`` may make: past it, the censored tail would decide
+every fit (and the fitted means overflow a float)."""
+
+
 def _end_s(end: str | None, unit_s: float, dates: bool) -> float | None:
     if end is None:
         return None
@@ -304,6 +310,12 @@ def _read_timestamps(df, unit_s, time_column, component_column, cause_col, repai
         end_s = last
     elif end_s < last:
         raise InputError(f"--end {end} is before the last failure in the log")
+    elif end_s - float(times.min()) > MAX_WINDOW_S:
+        raise InputError(
+            f"--end {end} is {(end_s - float(times.min())) / _YEAR_S:.3g} years after the log's "
+            f"first failure; an observation window is at most {MAX_WINDOW_S / _YEAR_S:g} years "
+            "(is --unit right?)"
+        )
     causes_all = None if cause_col is None else df[cause_col].astype(str).to_numpy()
     repair_s, repair_causes = _repairs(df, repair_col, unit_s, cause_col)
     groups = [np.arange(len(df))] if ccol is None else list(df.groupby(ccol).indices.values())

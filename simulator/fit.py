@@ -159,10 +159,15 @@ def _gradient(f, x, h=1e-5):
     return np.array([(f(x + e) - f(x - e)) / (2 * h) for e in np.eye(x.size) * h])
 
 
+_LOG_MAX = math.log(np.finfo(float).max)
+
+
 def _log_ci(log_value: float, se: float) -> tuple[float, float]:
     if not math.isfinite(se):
         return (math.nan, math.nan)
-    return (float(math.exp(log_value - _Z95 * se)), float(math.exp(log_value + _Z95 * se)))
+    # A band so wide its upper end passes the largest float is unbounded above, not an error.
+    lo, hi = log_value - _Z95 * se, log_value + _Z95 * se
+    return (math.exp(min(lo, _LOG_MAX)), math.exp(hi) if hi < _LOG_MAX else math.inf)
 
 
 def _fit_exponential(t, obs) -> FitResult:

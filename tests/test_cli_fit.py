@@ -300,6 +300,20 @@ def test_an_end_that_is_not_a_finite_time_is_one_line(capsys, tmp_path):
     assert code == 2 and out == "" and "finite" in err and len(err.strip().splitlines()) == 1
 
 
+def test_an_end_centuries_past_the_log_is_one_line_not_an_overflow(capsys, tmp_path):
+    # The CLI fuzz found --end 1e300 (and 1e12 h) raising OverflowError out of the CI math.
+    log = tmp_path / "t.csv"
+    rows = [f"2024-01-{d:02d}T{h:02d}:00:00,{n}" for d, h, n in [
+        (1, 3, 1), (2, 7, 2), (4, 1, 1), (5, 9, 3), (8, 2, 2), (9, 5, 1), (12, 8, 3), (15, 4, 2)
+    ]]  # fmt: skip
+    log.write_text("time,node\n" + "\n".join(rows) + "\n")
+    for end in ("1e300", "1e12", "2200-01-01"):
+        code, out, err = run_cli(capsys, log, "--end", end)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert "at most 100 years" in err
+    assert run_cli(capsys, log, "--end", "2030-01-01")[0] == 0
+
+
 def test_outputs_that_cannot_be_written_are_refused_before_the_fit(capsys, tmp_path, monkeypatch):
     import simulator.fit
 
