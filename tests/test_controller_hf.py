@@ -309,6 +309,19 @@ def test_a_resumed_trainer_continues_the_schedule_from_its_step(run, tmp_path):
         assert torch.equal(want, got), name
 
 
+def test_each_save_logs_one_line_with_step_bytes_stall_and_next_due(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="simulator.controller"):
+        _, ours, _ = _train(tmp_path)
+    lines = [r for r in caplog.records if r.getMessage().startswith("saved step")]
+    assert [r.step for r in lines] == ours.saved_steps == _expected_saves()  # one line each
+    for r in lines:
+        folder = tmp_path / f"checkpoint-{r.step}"
+        on_disk = sum(p.stat().st_size for p in folder.iterdir() if p.name != ckptio.MANIFEST)
+        assert r.bytes == on_disk > 0
+        assert f"saved step {r.step} (tier persistent): {on_disk:,} bytes, stall " in r.getMessage()
+        assert r.getMessage().endswith(f"next due step {r.next_due_step}")
+
+
 def test_save_strategy_steps_is_refused_in_one_line(tmp_path):
     with pytest.raises(InputError, match=r"save_strategy='steps'.*save_strategy='no'"):
         _trainer(tmp_path, save_strategy="steps")

@@ -303,6 +303,22 @@ def test_a_copy_whose_name_says_a_later_step_is_set_aside_before_training(tmp_pa
     assert callback.stats["resumed_from"] == 10 and callback.saved_steps == [14]
 
 
+def test_each_save_logs_one_line_with_step_bytes_stall_and_next_due(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="simulator.controller"):
+        _, callback = _fit(tmp_path, max_steps=10)
+    lines = [r for r in caplog.records if r.getMessage().startswith("saved step")]
+    assert [r.step for r in lines] == callback.saved_steps == [6, 10]
+    for r in lines:
+        on_disk = sum(
+            p.stat().st_size
+            for p in (tmp_path / f"step-{r.step:08d}").iterdir()
+            if p.name != ckptio.MANIFEST
+        )
+        assert r.bytes == on_disk > 0
+        assert f"saved step {r.step} (tier persistent): {on_disk:,} bytes, stall " in r.getMessage()
+        assert r.getMessage().endswith(f"next due step {r.next_due_step}")
+
+
 def test_the_run_log_records_each_save(uninterrupted):
     directory, _, callback = uninterrupted
     lines = (directory / callback.checkpointer.runlog.path.name).read_text().splitlines()

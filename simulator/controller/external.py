@@ -98,8 +98,18 @@ class ExternalSaveSchedule:
         self._measure(step)
         return True
 
-    def record_save(self, step: int, *, stall_s: float, write_s: float | None = None) -> int:
-        """The framework saved after ``step`` steps, stalling ``stall_s``; returns the next due."""
+    def record_save(
+        self,
+        step: int,
+        *,
+        stall_s: float,
+        write_s: float | None = None,
+        nbytes: int | None = None,
+    ) -> int:
+        """The framework saved after ``step`` steps, stalling ``stall_s``; returns the next due.
+
+        Rank 0 logs the save in the AdaptiveCheckpointer's own line (step, tier, ``nbytes``,
+        stall, next due step) on the ``simulator.controller`` logger."""
         from simulator.controller.checkpointer import logger
 
         step, stall_s = int(step), max(float(stall_s), 0.0)
@@ -127,14 +137,16 @@ class ExternalSaveSchedule:
         )
         if self.backend.rank == 0:
             logger.info(
-                "saved step %d (tier %s, written by the framework): stall %.3f s, next due step %d",
+                "saved step %d (tier %s): %s bytes, stall %.3f s, next due step %d",
                 step,
                 "persistent",
+                "?" if nbytes is None else f"{nbytes:,}",
                 stall_s,
                 due,
                 extra={
                     "step": step,
                     "tier": "persistent",
+                    "bytes": nbytes,
                     "stall_s": stall_s,
                     "next_due_step": due,
                 },

@@ -341,15 +341,8 @@ class AdaptiveSaveCallback(_TrainerCallback):
         stall_s = 0.0 if self._step_end_t is None else max(now - self._step_end_t, 0.0)
         self.saved_steps.append(state.global_step)
         self.save_costs_s.append(stall_s)
-        due = self.schedule.record_save(state.global_step, stall_s=stall_s)
+        self.schedule.record_save(state.global_step, stall_s=stall_s, nbytes=nbytes or None)
         self._sync_stats()
-        log.info(
-            "saved step %d (tier persistent, %d bytes, stall %.3f s); next due step %d",
-            state.global_step,
-            nbytes,
-            stall_s,
-            due,
-        )
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

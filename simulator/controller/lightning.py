@@ -480,19 +480,20 @@ class AdaptiveCheckpoint(_Callback):
         # weights_only=False is Lightning's default spelled out: the complete state (optimizers,
         # loops, callbacks), without Lightning logging that it chose the default on every save.
         trainer.save_checkpoint(self.directory / tmp / CHECKPOINT_FILE, weights_only=False)
+        nbytes = None
         if trainer.is_global_zero:
-            self._seal(storage, tmp, name)
+            nbytes = self._seal(storage, tmp, name)
         trainer.strategy.barrier("ckptsim-sealed")
         self.saved_steps.append(step)
         self._last_saved = step
-        self.schedule.record_save(step, stall_s=self.clock() - start)
+        self.schedule.record_save(step, stall_s=self.clock() - start, nbytes=nbytes)
         return self.directory / name
 
-    def _seal(self, storage: LocalStorage, tmp: str, name: str) -> None:
-        """fsync and manifest (files, then the manifest last), rename, retention."""
+    def _seal(self, storage: LocalStorage, tmp: str, name: str) -> int:
+        """fsync and manifest (files, then the manifest last), rename, retention; the bytes."""
         from simulator.controller.integrity import write_manifest
 
-        write_manifest(self.directory / tmp)
+        nbytes = int(write_manifest(self.directory / tmp)["bytes"])
         old = f".old-{name}"
         if storage.exists(name):  # an earlier save of this step: it leaves once this one is in
             storage.remove(old)
@@ -507,3 +508,4 @@ class AdaptiveCheckpoint(_Callback):
             milestones=ckpt.milestone_steps,
             resumed_from=ckpt.resumed_from,
         )
+        return nbytes
