@@ -174,7 +174,11 @@ def _train_worker(
         },
         Path(out) / f"rank{rank}.pt",
     )
+    # Together, then out without destructors: DDP still holds the gloo group, and freeing it
+    # as the frame unwinds hung a rank for minutes in CI (the HF two-rank child, stop 19).
+    dist.barrier()
     dist.destroy_process_group()
+    os._exit(0)
 
 
 def _run(
