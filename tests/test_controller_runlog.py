@@ -69,6 +69,67 @@ def test_launches_that_never_began_training_are_neither_failures_nor_exposure():
     assert ev.sessions == 4
 
 
+def test_a_session_that_restored_but_never_stepped_is_no_failure():
+    # This writer records "train" at a session's first step (start: records_train), so a crash
+    # between restore() and the first step (a bug, an OOM building the model) is the script's.
+    def start(sid):
+        events.append({"event": "start", "session": sid, "session_s": 0.0, "records_train": True})
+
+    events = []
+    start("a")
+    events.append({"event": "restore", "session": "a", "session_s": 20.0, "step": 0})
+    events.append({"event": "crashed", "session": "a", "session_s": 21.0})
+    start("b")
+    events.append({"event": "restore", "session": "b", "session_s": 20.0, "step": 0})
+    events.append({"event": "train", "session": "b", "session_s": 25.0, "step": 1})
+    ev = failure_evidence(events, exclude_session="now")
+    assert (ev.failures, ev.exposure_s, ev.sessions) == (1, 25.0, 2)  # b only
+
+
+_CRASH_AFTER_RESTORE = """
+import os, sys, torch
+from simulator.controller import AdaptiveCheckpointer
+from simulator.policies import FixedInterval
+ckpt = AdaptiveCheckpointer(sys.argv[1], model=torch.nn.Linear(2, 2), policy=FixedInterval(1e9))
+ckpt.restore()
+for step in range(1, int(sys.argv[2]) + 1):
+    ckpt.step(step)
+os._exit(1)  # a crash: no close, no exit hook
+"""
+
+
+def test_a_real_crash_before_the_first_step_is_not_counted_and_one_after_it_is(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.policies import FixedInterval
+
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASH_AFTER_RESTORE)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
+
+    def failures_after(*launches):
+        root = tmp_path / f"ck-{'-'.join(map(str, launches))}"
+        for steps in launches:
+            run = subprocess.run(
+                [sys.executable, str(script), str(root), str(steps)],
+                capture_output=True, text=True, timeout=120, env=env,
+            )  # fmt: skip
+            assert run.returncode == 1, run.stderr[-2000:]
+        ckpt = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2), policy=FixedInterval(1e9))
+        try:
+            return ckpt.stats["failures_seen"]
+        finally:
+            ckpt.close(finished=False)
+
+    assert failures_after(0, 0) == 0  # two launches that died before training: none
+    assert failures_after(3, 0) == 1  # one that trained three steps, one that did not
+
+
 def test_an_unwritable_run_log_warns_once_and_never_raises(tmp_path):
     log = RunLog(tmp_path, session="a")
     (tmp_path / "runlog.jsonl").mkdir()  # whatever stands in its way: EISDIR here

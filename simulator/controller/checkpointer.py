@@ -265,7 +265,9 @@ class AdaptiveCheckpointer:
             evidence = self.runlog.evidence()
             self.schedule.set_history(evidence.failures, evidence.exposure_s)
         self._session_start = clock()
-        self.runlog.append("start", session_s=0.0)
+        # records_train: this session writes "train" at its first step (runlog module).
+        self.runlog.append("start", session_s=0.0, records_train=True)
+        self._began = False
 
         self.resumed_from: int | None = None
         self.last_saved_step: int | None = None
@@ -279,7 +281,8 @@ class AdaptiveCheckpointer:
         self._write_failed = False
         self._mark_step = 0
         self._mark_t = clock()
-        self._planned_due = self._next_due = self.schedule.next_due(0, age_s=0.0)
+        self._planned_due = self.schedule.next_due(0, age_s=0.0)
+        self._next_due = -1  # the first step() takes the slow path: it records "train"
         self._exit_hook = _exit_hook(weakref.ref(self))
         atexit.register(self._exit_hook)
         self._install_preemption_handlers()
@@ -301,7 +304,17 @@ class AdaptiveCheckpointer:
             return False
         return self._due(step)
 
+    def _note_began(self, step: int) -> None:
+        """The session's first training step: from here a crash is evidence about the hardware
+        (before it, a crash is the script's, as a refused launch is: runlog module)."""
+        if not self._began:
+            self._began = True
+            self.runlog.append(
+                "train", session_s=self.clock() - self._session_start, step=int(step)
+            )
+
     def _due(self, step: int) -> bool:
+        self._note_began(step)
         if self._inflight is not None and self._inflight.done():
             self._finish_inflight()
         if self._preempting(step):
@@ -341,8 +354,8 @@ class AdaptiveCheckpointer:
         self._planned_due = int(due)
         self._next_due = min(self._planned_due, self._check_due)
         # After the store: a signal or a failed background write landing at any moment still
-        # sends the next step() down the slow path.
-        if self._write_failed or self._signalled is not None:
+        # sends the next step() down the slow path (as does the session's first step).
+        if self._write_failed or self._signalled is not None or not self._began:
             self._next_due = -1
 
     def _broadcast_point(self, step: int, payload: Any) -> Any:
@@ -540,7 +553,7 @@ class AdaptiveCheckpointer:
         self._mark_step, self._mark_t = step, now
         self.runlog.append("restore", session_s=now - self._session_start, step=step)
         due = self.schedule.next_due(step, age_s=now - self._session_start)
-        self._planned_due = self._next_due = int(self.backend.broadcast(due))
+        self._set_due(int(self.backend.broadcast(due)))
         self._after_restore(step)
         return step
 

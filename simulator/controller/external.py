@@ -85,6 +85,7 @@ class ExternalSaveSchedule:
         ckpt = self.ckpt
         if step < ckpt._next_due:
             return False
+        ckpt._note_began(step)
         if ckpt._preempting(step):
             self._measure(step)
             return True

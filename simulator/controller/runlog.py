@@ -9,13 +9,16 @@ controller`` draws), a ``preempted`` when a preemption signal made it save and e
 and a ``crashed`` when the training loop raised. A launch the checkpointer refused (another
 configuration, no intact checkpoint, a pickle) records ``refused`` instead of ``restore``.
 
-A session that trained (a ``restore``, a ``save`` or a ``crashed``), was followed by another
-start and wrote neither ``stop`` nor ``preempted`` ended in a failure: a preemption is the
+A ``train`` marks a session's first training step. A session that trained (a ``train`` or a
+``save``), was followed by another start and wrote neither ``stop`` nor ``preempted`` ended in a
+failure: a preemption is the
 scheduler's doing, not the hardware's. Its exposure is its running time up to its last record:
 the minutes between that record and the crash are unknown, and leaving them out errs towards a
 higher failure rate, the safe side for checkpointing. A session that never began training —
-refused, or crashed while setting up — is no evidence about the hardware: neither a failure
-nor exposure.
+refused, or crashed while setting up or between ``restore()`` and its first step (a bug, a
+bad argument) — is no evidence about the hardware: neither a failure nor exposure. (Logs
+written before ``train`` existed, whose ``start`` lacks ``records_train``, count a ``restore``
+or a ``crashed`` as training, as they did.)
 
 :func:`failure_evidence` turns the log into (failures, exposure seconds), the observation that
 updates :class:`simulator.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
@@ -37,8 +40,11 @@ from pathlib import Path
 __all__ = ["RUNLOG", "Evidence", "RunLog", "failure_evidence", "open_regular", "read_events"]
 
 RUNLOG = "runlog.jsonl"
-_TRAINING = frozenset({"restore", "save", "crashed"})
+_TRAINING = frozenset({"train", "save"})
 """Events that show a session began training (a script that never calls restore() saves)."""
+_TRAINING_BEFORE_TRAIN_RECORDS = frozenset({"restore", "save", "crashed"})
+"""The same for a session whose ``start`` lacks ``records_train`` (a log from before ckptsim
+recorded the first step): its ``restore`` or ``crashed`` is taken as training, as it was."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +147,7 @@ def failure_evidence(events: list[dict], *, exclude_session: str | None = None) 
     exposure: dict[str, float] = {}
     stopped: dict[str, bool] = {}
     trained: dict[str, bool] = {}
+    marks: dict[str, frozenset[str]] = {}
     for e in events:
         sid = e["session"]
         if sid == exclude_session:
@@ -149,10 +156,13 @@ def failure_evidence(events: list[dict], *, exclude_session: str | None = None) 
             order.append(sid)
             exposure[sid] = 0.0
             stopped[sid] = trained[sid] = False
+            marks[sid] = _TRAINING_BEFORE_TRAIN_RECORDS
+        if e["event"] == "start" and e.get("records_train") is True:
+            marks[sid] = _TRAINING
         exposure[sid] = max(exposure[sid], float(e.get("session_s", 0.0)))
         if e["event"] in ("stop", "preempted"):
             stopped[sid] = True
-        elif e["event"] in _TRAINING:
+        elif e["event"] in marks[sid]:
             trained[sid] = True
     # A session is a failure when it did not stop cleanly and something ran after it: the last
     # past session counts too, since the current process is that "something".
