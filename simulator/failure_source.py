@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.failures import Exponential, Lifetime, LogNormal, Weibull
+from simulator.failures import Empirical, Exponential, Lifetime, LogNormal, Weibull
 
 __all__ = ["ComponentFailures", "FailureSource", "MergedFailures", "stationary_residual"]
 
@@ -41,7 +41,8 @@ def stationary_residual(lifetime: Lifetime, rng: np.random.Generator, size: int)
     In equilibrium the component in service has a length-biased lifetime L (density
     x·f(x)/mean) and we stand at a uniform point in it, so the remaining life is (1 − U)·L.
     Length-biasing Weibull(k, λ) makes (L/λ)^k Gamma(1 + 1/k); length-biasing a lognormal
-    shifts its log-mean by σ²; exponential lifetimes are memoryless.
+    shifts its log-mean by σ²; an empirical (Kaplan–Meier) lifetime weights each failure time
+    by its length (``Empirical.length_biased_sample``); exponential lifetimes are memoryless.
     """
     if isinstance(lifetime, Exponential):
         return lifetime.sample(rng, size)
@@ -52,6 +53,8 @@ def stationary_residual(lifetime: Lifetime, rng: np.random.Generator, size: int)
     elif isinstance(lifetime, LogNormal):
         mu = math.log(lifetime.scale) + lifetime.sigma**2
         biased = rng.lognormal(mu, lifetime.sigma, size)
+    elif isinstance(lifetime, Empirical):
+        biased = lifetime.length_biased_sample(rng, size)
     else:
         raise InputError(
             f"stationary component ages are not available for {lifetime.family} lifetimes; "

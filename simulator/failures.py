@@ -33,6 +33,7 @@ the GPUs are matters as much as how many there are.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from abc import ABC, abstractmethod
@@ -50,6 +51,7 @@ __all__ = [
     "MinOf",
     "Weibull",
     "first_failure",
+    "load_empirical",
     "long_run_rate",
     "parse_failure",
     "system_mtbf_s",
@@ -244,60 +246,127 @@ class LogNormal(Lifetime):
 
 
 class Empirical(Lifetime):
-    """Lifetimes resampled from observed ones (uncensored), e.g. gaps in a real trace."""
+    """Lifetimes drawn from observed ones, right-censored or not: the Kaplan–Meier estimate.
+
+    ``samples_s`` are the observed lifetimes and ``observed`` says which ended in a failure
+    (default: all); censored ones (still alive when the log ended) count through the
+    Kaplan–Meier estimate (``scipy.stats.ecdf``), so a log whose long-lived parts are censored
+    does not make lifetimes look shorter than they are. Without censoring this is plain
+    resampling of the data. Kaplan–Meier says nothing beyond the longest time observed: when
+    survival there is ``S > 0`` (the longest was censored), that mass gets an exponential tail
+    beyond it, with the constant-hazard estimate of the whole log as its mean (exposure over
+    failures) — an assumption, stated here because it sets the mean.
+    """
 
     family = "empirical"
 
-    def __init__(self, samples_s):
-        x = np.sort(np.asarray(samples_s, dtype=float).ravel())
-        if x.size == 0 or not np.all(np.isfinite(x)) or x[0] < 0:
+    def __init__(self, samples_s, observed=None):
+        x = np.asarray(samples_s, dtype=float).ravel()
+        obs = np.ones(x.size, bool) if observed is None else np.asarray(observed, bool).ravel()
+        if x.size == 0 or obs.shape != x.shape or not np.all(np.isfinite(x)) or x.min() < 0:
             raise InputError("empirical lifetimes need at least one finite, non-negative sample")
-        self.samples = x
+        if not obs.any():
+            raise InputError("empirical lifetimes need at least one observed failure")
+        from scipy import stats
+
+        sf = stats.ecdf(stats.CensoredData(uncensored=x[obs], right=x[~obs])).sf
+        keep = np.isin(sf.quantiles, x[obs])  # the times where survival drops
+        times, after = sf.quantiles[keep], sf.probabilities[keep]
+        jumps = -np.diff(np.concatenate(([1.0], after)))
+        self._init(times, jumps, float(after[-1]), float(x.max()), float(x.sum() / obs.sum()))
+        self.n = int(x.size)
+
+    def _init(self, times, probs, tail_mass, tail_start_s, tail_mean_s):
+        self.times = np.asarray(times, dtype=float)
+        self.probs = np.asarray(probs, dtype=float)
+        self.tail_mass = max(float(tail_mass), 0.0)
+        self.tail_start_s = float(tail_start_s)
+        self.tail_mean_s = float(tail_mean_s)
+        self._cum = np.cumsum(self.probs)
+
+    @property
+    def samples(self) -> np.ndarray:
+        """The distinct failure times (seconds), in increasing order."""
+        return self.times
 
     def __repr__(self):
-        return f"Empirical(n={self.samples.size}, mean_s={self.mean_s:.6g})"
+        return f"Empirical(n={self.n}, mean_s={self.mean_s:.6g}, tail_mass={self.tail_mass:.3g})"
 
     @property
     def mean_s(self) -> float:
-        return float(self.samples.mean())
+        tail = self.tail_mass * (self.tail_start_s + self.tail_mean_s)
+        return float(self.probs @ self.times + tail)
+
+    def ppf(self, q):
+        q = np.asarray(q, dtype=float)
+        body = 1.0 - self.tail_mass
+        idx = np.minimum(np.searchsorted(self._cum, q, side="left"), self.times.size - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            beyond = (1.0 - q) / max(self.tail_mass, 1e-300)
+            tail = self.tail_start_s - self.tail_mean_s * np.log(np.clip(beyond, 1e-300, 1.0))
+        return np.where(q <= body, self.times[idx], tail)
 
     def sample(self, rng, size=None):
-        return rng.choice(self.samples, size=size, replace=True)
+        return self.ppf(rng.random(size))
 
     def survival(self, t_s):
         t = np.asarray(t_s, dtype=float)
-        return 1.0 - np.searchsorted(self.samples, t, side="right") / self.samples.size
+        dropped = np.concatenate(([0.0], self._cum))[np.searchsorted(self.times, t, "right")]
+        inside = 1.0 - dropped
+        tail = self.tail_mass * np.exp(-np.maximum(t - self.tail_start_s, 0.0) / self.tail_mean_s)
+        return np.where(t <= self.tail_start_s, inside, tail)
 
     def pdf(self, t_s):
-        # A histogram density: the empirical distribution has no smooth density of its own.
-        hist, edges = np.histogram(self.samples, bins="auto", density=True)
-        idx = np.clip(
-            np.searchsorted(edges, np.asarray(t_s, dtype=float), side="right") - 1, 0, hist.size - 1
+        # A weighted histogram of the failure times (Kaplan–Meier has no smooth density), plus
+        # the exponential tail's density beyond the longest time observed.
+        t = np.asarray(t_s, dtype=float)
+        hist, edges = np.histogram(self.times, bins="auto", weights=self.probs)
+        width = np.diff(edges)
+        dens = np.where(width > 0, hist / np.where(width > 0, width, 1.0), 0.0)
+        idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, dens.size - 1)
+        inside = (t >= edges[0]) & (t <= edges[-1])
+        tail = (
+            self.tail_mass / self.tail_mean_s * np.exp(-(t - self.tail_start_s) / self.tail_mean_s)
         )
-        inside = (np.asarray(t_s) >= edges[0]) & (np.asarray(t_s) <= edges[-1])
-        return np.where(inside, hist[idx], 0.0)
+        return np.where(inside, dens[idx], 0.0) + np.where(t > self.tail_start_s, tail, 0.0)
 
     def hazard(self, t_s):
         with np.errstate(divide="ignore", invalid="ignore"):
             s = self.survival(t_s)
             return np.where(s > 0, self.pdf(t_s) / np.where(s > 0, s, 1.0), np.inf)
 
-    def ppf(self, q):
-        return np.quantile(self.samples, q)
-
     def residual_sample(self, rng, age_s, size=None):
+        # Inverse transform on S(age + x) / S(age) = u, through the quantile function.
         age = np.asarray(age_s, dtype=float)
-        n = size if size is not None else age.shape
-        out = np.empty(n)
-        flat_age = np.broadcast_to(age, n).ravel()
-        flat = out.ravel()
-        for i, a in enumerate(flat_age):
-            alive = self.samples[self.samples > a]
-            flat[i] = (rng.choice(alive) - a) if alive.size else 0.0
-        return flat.reshape(n)
+        u = rng.random(size if size is not None else age.shape)
+        q = 1.0 - u * self.survival(age)
+        return np.maximum(self.ppf(q) - age, 0.0)
+
+    def length_biased_sample(self, rng, size=None):
+        """Lifetimes drawn with density x·f(x)/mean: the one in service at a random moment."""
+        body = self.probs * self.times
+        tail_weight = self.tail_mass * (self.tail_start_s + self.tail_mean_s)
+        total = body.sum() + tail_weight
+        u = rng.random(size) * total
+        idx = np.minimum(np.searchsorted(np.cumsum(body), u, side="right"), self.times.size - 1)
+        # Beyond the longest time: (t0 + X) biased by its length is t0 + Exp(θ) with weight
+        # t0/(t0 + θ), else t0 + Gamma(2, θ).
+        t0, theta = self.tail_start_s, self.tail_mean_s
+        gamma_shape = np.where(rng.random(size) < t0 / (t0 + theta), 1.0, 2.0)
+        tail = t0 + rng.gamma(gamma_shape, theta)
+        return np.where(u < body.sum(), self.times[idx], tail)
 
     def with_mean(self, mean_s):
-        return Empirical(self.samples * (_positive("mean", mean_s) / self.mean_s))
+        k = _positive("mean", mean_s) / self.mean_s
+        out = object.__new__(Empirical)
+        out._init(
+            self.times * k, self.probs, self.tail_mass, self.tail_start_s * k, self.tail_mean_s * k
+        )
+        out.n = self.n
+        return out
+
+    def describe(self) -> str:
+        return f"empirical(n={self.n}, mean={self.mean_s / 3600:.4g} h)"
 
 
 class MinOf(Lifetime):
@@ -399,17 +468,56 @@ _RANGE_REASON = {
 }
 
 
-def parse_failure(spec: str, mean_s: float) -> Lifetime:
-    """``exponential``, ``weibull:shape=K`` or ``lognormal:sigma=S`` with the given mean (s).
+def load_empirical(path: str) -> Empirical:
+    """The lifetimes of the failure log at ``path`` (read once per version of the file)."""
+    import os
 
-    Each parameter is given once and must lie in ``SHAPE_RANGE``.
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InputError(
+            f"empirical:{path}: cannot read the failure log ({exc.strerror})"
+        ) from None
+    return _load_empirical(os.path.realpath(path), st.st_mtime_ns, st.st_size, path)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_empirical(real: str, mtime_ns: int, size: int, shown: str) -> Empirical:
+    from simulator.faillog import read_failure_log
+
+    try:
+        log = read_failure_log(real)
+    except InputError as exc:
+        raise InputError(f"empirical:{shown}: {exc}") from None
+    if log.durations_s.size == 0 or not log.observed.any():
+        raise InputError(f"empirical:{shown}: the log holds no failed lifetimes to draw from")
+    life = Empirical(log.durations_s, log.observed)
+    if not life.mean_s > 0:
+        raise InputError(f"empirical:{shown}: every lifetime in the log is 0")
+    return life
+
+
+def parse_failure(spec: str, mean_s: float) -> Lifetime:
+    """``exponential``, ``weibull:shape=K``, ``lognormal:sigma=S`` or ``empirical:FILE`` with
+    the given mean (s).
+
+    Each parameter is given once and must lie in ``SHAPE_RANGE``. ``empirical:FILE`` takes the
+    shape of a failure log's lifetimes (either shape ``ckptsim fit`` reads; censored ones count
+    through Kaplan–Meier, see :class:`Empirical`) and rescales it to the mean, as the other
+    families take the mean from the scenario: the log says how lifetimes are spread, the
+    scenario how long they are.
     """
+    head, sep, rest = str(spec).strip().partition(":")
+    if head.strip().lower() == "empirical":
+        if not sep or not rest.strip():
+            raise InputError("empirical lifetimes need a failure log: empirical:FILE")
+        return load_empirical(rest.strip()).with_mean(_positive("MTBF", mean_s))
     m = _SPEC.match(str(spec).lower())
     family = m.group("family") if m else None
     if family not in _FAMILIES:
         raise InputError(
-            f"unknown failure distribution {spec!r}; use exponential, weibull:shape=K "
-            "or lognormal:sigma=S"
+            f"unknown failure distribution {spec!r}; use exponential, weibull:shape=K, "
+            "lognormal:sigma=S or empirical:FILE"
         )
     params: dict[str, float] = {}
     for part in filter(None, (m.group("params") or "").split(",")):

@@ -22,6 +22,54 @@ def run_json(capsys, *argv):
     return json.loads(capsys.readouterr().out)
 
 
+def _censored_weibull_log(path, shape=0.7, n=3000):
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    t, c = rng.weibull(shape, n) * 1000.0, rng.uniform(0, 12000.0, n)
+    rows = "".join(f"{a:.4f},{int(a == b)}\n" for a, b in zip(np.minimum(t, c), t, strict=True))
+    path.write_text("duration,event\n" + rows)
+    return path
+
+
+@pytest.mark.parametrize("engine", ["fast", "des"])
+def test_failure_empirical_file_draws_the_logs_lifetimes_in_both_engines(capsys, tmp_path, engine):
+    # A log of Weibull(0.7) lifetimes, a tenth of them censored (few enough that the assumed
+    # exponential tail past the longest lifetime barely moves the mean; heavy censoring is
+    # checked on the survival itself in test_failures): its Kaplan-Meier shape, rescaled
+    # to the scenario's MTBF, must simulate as Weibull(0.7) does (same seed, same job). New
+    # GPUs, so the shape shows: infant mortality gives ~2.6x the exponential's failures.
+    log = _censored_weibull_log(tmp_path / "life.csv")
+    job = ["--gpus", "64", "--gpu-mtbf-h", "2000", "--checkpoint-s", "120", "--work-h", "200",
+           "--replicas", "200", "--workers", "1", "--engine", engine,
+           "--component-age", "new"]  # fmt: skip
+    got = run_json(capsys, *job, "--failure", f"empirical:{log}")
+    want = run_json(capsys, *job, "--failure", "weibull:shape=0.7")
+    expo = run_json(capsys, *job, "--failure", "exponential")
+    assert got["engine"] == engine
+    assert got["failures_mean"] == pytest.approx(want["failures_mean"], rel=0.1)
+    assert got["failures_mean"] > 2 * expo["failures_mean"]
+    lo, hi = want["waste_fraction_ci95"]
+    assert lo - (hi - lo) <= got["waste_fraction_mean"] <= hi + (hi - lo)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("empirical", "need a failure log: empirical:FILE"),
+        ("empirical:", "need a failure log: empirical:FILE"),
+        ("empirical:absent.csv", "empirical:absent.csv: cannot read the failure log"),
+        ("empirical:censored.csv", "no failed lifetimes"),
+    ],
+)
+def test_a_bad_empirical_spec_is_one_line(capsys, tmp_path, monkeypatch, spec, fragment):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "censored.csv").write_text("duration,event\n5,0\n7,0\n")
+    code = main(["simulate", *JOB, "--failure", spec])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
+
+
 def test_json_carries_the_documented_keys(capsys):
     out = run_json(capsys, *JOB, "--usd-per-gpu-hour", "2.5")
     for key in ("wall_h_mean", "waste_fraction_mean", "failures_mean", "checkpoints_mean"):

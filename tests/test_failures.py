@@ -160,6 +160,68 @@ def test_empirical_resamples_and_survives_like_its_data():
     assert e.with_mean(5.0).mean_s == pytest.approx(5.0)
 
 
+def _censored_weibull(n=4000, shape=0.7, seed=1):
+    rng = np.random.default_rng(seed)
+    life = Weibull(shape, 1000.0)
+    t, c = life.sample(rng, n), rng.uniform(0, 3000.0, n)  # about half censored
+    return life, np.minimum(t, c), t <= c
+
+
+def test_empirical_from_a_censored_log_recovers_the_true_survival():
+    # Kaplan-Meier: the censored lifetimes count as survivors, so the drawn lifetimes are not
+    # the short ones alone (resampling the failures only would put the median near 170 s).
+    life, x, obs = _censored_weibull()
+    assert 0.3 < 1 - obs.mean() < 0.7
+    e = Empirical(x, obs)
+    q = life.ppf(np.array([0.1, 0.25, 0.5, 0.75, 0.8]))
+    np.testing.assert_allclose(e.survival(q), life.survival(q), atol=0.025)
+    draws = e.sample(np.random.default_rng(2), 20000)
+    np.testing.assert_allclose((draws[:, None] > q).mean(axis=0), life.survival(q), atol=0.03)
+    naive = np.median(x[obs])
+    assert np.median(draws) == pytest.approx(
+        float(life.ppf(0.5)), rel=0.1
+    ) and naive < 0.6 * np.median(draws)
+
+
+def test_empirical_tail_beyond_the_longest_time_is_exponential_with_the_logs_mean():
+    x, obs = np.array([1.0, 2.0, 4.0]), np.array([True, False, False])
+    e = Empirical(x, obs)  # KM: S = 2/3 after t=1 and nothing more is seen
+    theta = x.sum() / obs.sum()  # 7 s of exposure per failure
+    assert e.tail_mass == pytest.approx(2 / 3) and e.tail_mean_s == pytest.approx(theta)
+    assert e.mean_s == pytest.approx(1 / 3 * 1.0 + 2 / 3 * (4.0 + theta))
+    t = np.array([0.5, 1.0, 3.9, 4.0, 10.0])
+    want = [1.0, 2 / 3, 2 / 3, 2 / 3, 2 / 3 * math.exp(-6.0 / theta)]
+    np.testing.assert_allclose(e.survival(t), want)
+    draws = e.sample(np.random.default_rng(0), 200000)
+    assert draws.mean() == pytest.approx(e.mean_s, rel=0.01)
+    assert (draws == 1.0).mean() == pytest.approx(1 / 3, abs=0.005)
+    scaled = e.with_mean(100.0)
+    assert scaled.mean_s == pytest.approx(100.0)
+    np.testing.assert_allclose(scaled.survival(t * 100 / e.mean_s), e.survival(t))
+
+
+def test_empirical_residual_lives_follow_the_conditional_survival():
+    _, x, obs = _censored_weibull(n=2000)
+    e = Empirical(x, obs)
+    age = float(e.ppf(0.3))
+    r = e.residual_sample(np.random.default_rng(3), np.full(40000, age))
+    grid = np.array([0.0, 50.0, 300.0, 1500.0, 6000.0])
+    want = e.survival(age + grid) / e.survival(age)
+    np.testing.assert_allclose((r[:, None] > grid).mean(axis=0), want, atol=0.01)
+
+
+def test_empirical_stationary_residual_has_the_renewal_mean():
+    # In equilibrium the remaining life has mean E[L^2] / (2 E[L]) (renewal theory).
+    from simulator.failure_source import stationary_residual
+
+    _, x, obs = _censored_weibull(n=2000)
+    e = Empirical(x, obs)
+    t0, th = e.tail_start_s, e.tail_mean_s
+    second = e.probs @ e.times**2 + e.tail_mass * (t0**2 + 2 * t0 * th + 2 * th**2)
+    r = stationary_residual(e, np.random.default_rng(4), 400000)
+    assert r.mean() == pytest.approx(second / (2 * e.mean_s), rel=0.02)
+
+
 @pytest.mark.parametrize(
     ("spec", "kind"),
     [

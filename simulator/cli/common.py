@@ -186,7 +186,9 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--failure",
         metavar="DIST",
-        help="per-GPU lifetimes: exponential | weibull:shape=K | lognormal:sigma=S",
+        help="per-GPU lifetimes: exponential | weibull:shape=K | lognormal:sigma=S | "
+        "empirical:FILE (the Kaplan-Meier shape of a failure log that `ckptsim fit` reads, "
+        "rescaled to the MTBF given)",
     )
     g.add_argument(
         "--checkpoint-s",
