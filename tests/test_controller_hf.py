@@ -435,6 +435,95 @@ def test_every_checkpoint_damaged_refuses_a_silent_fresh_start_and_keeps_them(ru
         latest_checkpoint(out)
 
 
+def _copy(run, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(run[0], out)
+    return out
+
+
+def test_a_fresh_train_in_a_directory_with_checkpoints_is_refused_untouched(run, tmp_path):
+    # A relaunch that forgot resume_training: Trainer would train from step 1 and write a
+    # second history over the first.
+    out = _copy(run, tmp_path)
+    before = _files(out)
+    trainer, _, spy = _trainer(out, save_total_limit=1)
+    with pytest.raises(InputError, match=r"up to checkpoint-12.*no resume_from_checkpoint"):
+        trainer.train()
+    assert spy.flags == {} and _files(out) == before
+
+
+@pytest.mark.parametrize("damage", ["bitflip", "misnamed"])
+def test_trainers_own_latest_lookup_is_checked_before_training(run, tmp_path, damage):
+    # resume_from_checkpoint=True is Trainer's get_last_checkpoint: the highest number, checked
+    # for nothing. A damaged newest, or a copy of step 6 named checkpoint-99, is refused before
+    # a step, moved aside, and the relaunch resumes from the newest good folder.
+    out = _copy(run, tmp_path)
+    longer = MAX_STEPS + 4  # so the newest is no finished run's last step
+    if damage == "bitflip":
+        _flip_a_byte(out / f"checkpoint-{MAX_STEPS}" / "model.safetensors")
+        bad, why = f"checkpoint-{MAX_STEPS}", "unverified"
+    else:
+        shutil.copytree(out / "checkpoint-6", out / "checkpoint-99")
+        bad, why = "checkpoint-99", "misnamed"
+    trainer, _, spy = _trainer(out, max_steps=longer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(InputError, match=f"refusing to train on from .*{bad}.*relaunch"):
+            trainer.train(resume_from_checkpoint=True)
+    assert (out / f"{bad}.rejected-{why}").is_dir() and not (out / bad).exists()
+    assert {p.name for p in out.glob("checkpoint-*") if "rejected" not in p.name} == {
+        f"checkpoint-{s}" for s in _expected_saves() if f"checkpoint-{s}" != bad
+    }
+    events = [json.loads(line)["event"] for line in (out / "runlog.jsonl").open()]
+    assert events[-1] == "refused"
+    trainer, ours, spy = _trainer(out, max_steps=longer)  # the relaunch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resume_training(trainer)
+    start = 10 if damage == "bitflip" else MAX_STEPS  # the newest good folder
+    assert ours.stats["resumed_from"] == start and min(spy.flags) == start + 1
+    assert ours.saved_steps[-1] == longer
+
+
+def test_a_symlink_or_a_file_in_a_checkpoints_place_is_moved_aside_not_written_through(
+    tmp_path,
+):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "model.safetensors").write_bytes(b"someone else's weights")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint-10").symlink_to(precious)  # at a step this run will save
+    (out / f"checkpoint-{MAX_STEPS}").write_text("not a folder")
+    trainer, ours, _ = _trainer(out, save_total_limit=1)
+    with pytest.warns(UserWarning, match="never deleted"):
+        trainer.train()
+    assert ours.saved_steps == _expected_saves()  # Trainer's own save of step 12 succeeded
+    assert (precious / "model.safetensors").read_bytes() == b"someone else's weights"
+    assert sorted(p.name for p in precious.iterdir()) == ["model.safetensors"]
+    assert (out / "checkpoint-10.rejected-unverified").is_symlink()
+    assert (out / f"checkpoint-{MAX_STEPS}.rejected-unverified").read_text() == "not a folder"
+
+
+def test_save_strategy_best_is_refused_in_one_line(tmp_path):
+    # Trainer sets should_save to "a new best" after the callbacks: every adaptive save, and
+    # the final one, would be dropped while the run log said finished.
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=MAX_STEPS, save_strategy="best",
+        eval_strategy="steps", eval_steps=4, metric_for_best_model="loss", report_to=[],
+        use_cpu=True,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    )
+    callback = AdaptiveSaveCallback(policy=FixedInterval(INTERVAL_S))
+    with pytest.raises(InputError, match=r"save_strategy='best'.*overrule"):
+        transformers.Trainer(
+            model=model, args=args, train_dataset=_dataset(), eval_dataset=_dataset(8),
+            callbacks=[callback],
+        )  # fmt: skip
+
+
 def test_a_resume_from_an_older_step_moves_the_newer_folders_aside_unchanged(run, tmp_path):
     # A deliberate roll-back (after a loss spike, say): Trainer would write its saves over the
     # newer folders and retention would delete them. They are moved aside, byte for byte.

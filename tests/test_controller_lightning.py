@@ -279,6 +279,24 @@ def test_every_checkpoint_damaged_refuses_a_silent_fresh_start_and_keeps_them(tm
     assert latest_checkpoint(tmp_path).parent.name == "step-00000014"
 
 
+def test_a_newer_verified_folder_that_is_no_lightning_checkpoint_is_kept(tmp_path):
+    # latest_checkpoint skips it; the resumed run's save of that step replaced it. Was: deleted.
+    from simulator.controller.integrity import write_manifest
+
+    _fit(tmp_path, max_steps=10)
+    foreign = tmp_path / "step-00000014"
+    foreign.mkdir()
+    (foreign / "notes.bin").write_bytes(b"someone's")
+    write_manifest(foreign)
+    with pytest.warns(UserWarning, match="not a Lightning checkpoint"):
+        chosen = latest_checkpoint(tmp_path)
+    assert chosen.parent.name == "step-00000010"
+    with pytest.warns(UserWarning, match=r"step-00000014.*moved aside.*never deleted"):
+        _, callback = _fit(tmp_path, chosen, max_steps=14, quiet=False)
+    assert callback.saved_steps == [14]
+    assert (tmp_path / "step-00000014.rejected-foreign" / "notes.bin").read_bytes() == b"someone's"
+
+
 def test_a_relaunch_after_the_damaged_were_moved_aside_still_refuses(tmp_path):
     _fit(tmp_path, max_steps=8)
     for p in tmp_path.glob("step-*"):

@@ -31,15 +31,19 @@ without retraining its tail) and, on a preemption signal (SIGTERM by default), s
 step end and stops Trainer with ``control.should_training_stop``.
 
 The adaptive interval is the only step-based schedule: ``save_strategy="steps"`` is refused
-(its saves would reset the adaptive interval, which then never asks for one). ``"epoch"`` and
-``"best"`` saves are fine and count as saves: the interval restarts from them.
+(its saves would reset the adaptive interval, which then never asks for one), and so is
+``"best"`` (Trainer sets ``should_save`` to "a new best" after the callbacks run, dropping the
+adaptive saves). ``"epoch"`` saves are fine and count as saves: the interval restarts from them.
 
 No silent fresh start: when ``output_dir`` holds checkpoint folders but none is complete,
 :func:`latest_checkpoint` (and so :func:`resume_training`) raises :class:`NoIntactCheckpoint`
-unless ``allow_fresh_start=True``. When training begins, rank 0 moves every ``checkpoint-N``
-newer than the step it starts from aside to ``checkpoint-N.rejected-<why>`` (damaged ones, or
-newer ones a resume from an older step passed over), so Trainer never writes over them and
-retention never deletes them.
+unless ``allow_fresh_start=True``; a plain ``trainer.train()`` in a directory holding a
+complete checkpoint is refused, and so is a resume (``resume_from_checkpoint=True`` included,
+which checks nothing) from a damaged or misnamed folder, which is moved aside. When training
+begins, rank 0 moves every ``checkpoint-N`` newer than the step it starts from aside to
+``checkpoint-N.rejected-<why>`` (damaged ones, symlinks and plain files, or newer ones a resume
+from an older step passed over), so Trainer never writes over or through them and retention
+never deletes them.
 
 Retention: ``save_total_limit`` counts complete checkpoints only. Trainer's own rotation counts
 torn folders too and runs before the marker exists, so it could delete the last complete
@@ -92,13 +96,14 @@ class RunFinished(InputError):
 
 
 def _folders(output_dir: Path) -> list[tuple[int, Path]]:
-    """``checkpoint-N`` entries of ``output_dir`` (symlinks included), newest step first."""
+    """``checkpoint-N`` entries of ``output_dir`` (symlinks and plain files included: Trainer
+    cannot save over either), newest step first."""
     if not output_dir.is_dir():
         return []
     found = []
     for entry in output_dir.iterdir():
         m = _CHECKPOINT.match(entry.name)
-        if m and (entry.is_dir() or entry.is_symlink()):
+        if m:
             found.append((int(m.group(1)), entry))
     return sorted(found, reverse=True)
 
@@ -107,6 +112,10 @@ def _why_not(step: int, folder: Path) -> str | None:
     """Why ``folder`` is no complete checkpoint of ``step`` (None: it is, CRCs checked)."""
     if folder.is_symlink():
         return "it is a symlink (never followed)"
+    if not folder.is_dir():
+        return "it is not a folder"
+    if (folder.resolve(), folder.stat().st_mtime_ns) in _VERIFIED:
+        return None  # verified by latest_checkpoint in this process, unchanged since
     if not (folder / ckptio.MANIFEST).is_file():
         return (
             f"no completion marker ({ckptio.MANIFEST}): the save was interrupted, or "
@@ -121,7 +130,13 @@ def _why_not(step: int, folder: Path) -> str | None:
         return str(exc)
     except (OSError, ValueError, AttributeError) as exc:
         return f"{_TRAINER_STATE} is unreadable: {exc}"
+    _VERIFIED.add((folder.resolve(), folder.stat().st_mtime_ns))
     return None
+
+
+_VERIFIED: set[tuple[Path, int]] = set()
+"""Folders whose CRCs this process checked (with the folder's mtime): the callback's check of
+the folder a run starts from then costs no second read of a checkpoint just verified."""
 
 
 def latest_checkpoint(
@@ -162,6 +177,21 @@ def _aside(output_dir: Path) -> list[str]:
         for e in output_dir.iterdir()
         if REJECTED in e.name and _CHECKPOINT.match(e.name.split(REJECTED, 1)[0])
     )
+
+
+def _resumed_folder(output_dir: Path, step: int) -> Path | None:
+    """The folder of ``output_dir`` a Trainer at ``step`` resumed from: the newest whose
+    ``trainer_state.json`` holds that step (``checkpoint-<step>``, or a misnamed copy)."""
+    for _, folder in _folders(output_dir):
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            state = json.loads((folder / _TRAINER_STATE).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and state.get("global_step") == step:
+            return folder
+    return None
 
 
 def _finished_at(checkpoint: str, max_steps: int) -> int | None:
@@ -208,7 +238,14 @@ def _refuse_steps(args) -> None:
         raise InputError(
             f"save_strategy='steps' (save_steps={args.save_steps}) fights the adaptive interval: "
             "each of its saves restarts the interval, which then never comes due; use "
-            "save_strategy='no' (or 'epoch'/'best') with AdaptiveSaveCallback"
+            "save_strategy='no' (or 'epoch') with AdaptiveSaveCallback"
+        )
+    if _strategy(args) == "best":
+        raise InputError(
+            "save_strategy='best' lets Trainer overrule every save the adaptive interval asks "
+            "for (it sets should_save to 'is this a new best' after the callbacks ran), the "
+            "final one included; use save_strategy='no' (or 'epoch') with AdaptiveSaveCallback "
+            "and keep the best model with load_best_model_at_end on epoch saves"
         )
 
 
@@ -296,11 +333,11 @@ class AdaptiveSaveCallback(_TrainerCallback):
         self.checkpointer = AdaptiveCheckpointer(
             args.output_dir, model=model, backend=_backend(), **options
         )
+        self._begin_step = state.global_step
+        self._check_start(Path(args.output_dir), state.global_step)
         self.schedule = ExternalSaveSchedule(self.checkpointer)
         self.schedule.start(state.global_step)
         self._sync_stats()
-        self._begin_step = state.global_step
-        self._set_aside_newer(Path(args.output_dir), state.global_step)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -355,29 +392,69 @@ class AdaptiveSaveCallback(_TrainerCallback):
         return control
 
     # -- helpers -----------------------------------------------------------------------------
-    def _set_aside_newer(self, output_dir: Path, begin_step: int) -> None:
-        """Move aside every ``checkpoint-N`` newer than the step this run starts from.
+    def _check_start(self, output_dir: Path, begin_step: int) -> None:
+        """Refuse a start that would lose or mix histories; then move aside every
+        ``checkpoint-N`` newer than the step this run starts from.
 
-        They are the folders :func:`latest_checkpoint` skipped (torn, damaged, misnamed), or
-        newer ones a deliberate resume from an older step passed over; Trainer would write its
-        own saves over them and retention would then delete them. Moved to
-        ``checkpoint-N.rejected-<why>``, they are kept for a person to rescue. Every rank has
-        loaded its checkpoint by now (Trainer loads before ``on_train_begin``; each rank's RNG
-        file, read later, is in the folder it resumed from, which stays).
+        Refused (one line, the run log's ``refused``, nothing trained): a fresh start
+        (``begin_step`` 0) in a directory holding a complete checkpoint, and a resume from a
+        folder that is damaged or whose ``trainer_state.json`` step is not its name's (it is
+        moved aside, so a relaunch resumes from the newest good one). Trainer finds such a
+        folder itself with ``resume_from_checkpoint=True``, which checks nothing.
+
+        The newer folders are the ones :func:`latest_checkpoint` skipped (torn, damaged,
+        misnamed, symlinks, plain files), or newer ones a deliberate resume from an older step
+        passed over; Trainer would write its own saves over (or through) them and retention
+        would then delete them. Moved to ``checkpoint-N.rejected-<why>`` (a symlink is renamed,
+        never followed), they are kept for a person to rescue. Every rank has loaded its
+        checkpoint by now (Trainer loads before ``on_train_begin``; each rank's RNG file, read
+        later, is in the folder it resumed from, which stays).
         """
         backend = self.checkpointer.backend
         backend.barrier()  # every rank has chosen its folder before any is moved
+        problem = None
         if backend.rank == 0:
             storage = LocalStorage(output_dir)
-            for step, folder in _folders(output_dir):
-                if step <= begin_step or folder.is_symlink():
-                    continue  # a symlink is never followed, moved or deleted: not ours
+            problem = self._start_problem(output_dir, storage, begin_step)
+            for step, folder in [] if problem else _folders(output_dir):
+                if step <= begin_step:
+                    continue
                 reason = _why_not(step, folder)
                 why = "newer" if reason is None else "unverified"
                 reason = reason or f"newer than step {begin_step}, which this run starts from"
                 line = reject(storage, folder.name, why, reason)
-                warnings.warn(f"{line}; never deleted", stacklevel=3)
-        backend.barrier()  # and none trains on before they are
+                warnings.warn(f"{line}; never deleted", stacklevel=4)
+        problem = backend.broadcast(problem)  # and none trains on before they are moved
+        if problem is not None:
+            ckpt, self.checkpointer = self.checkpointer, None
+            ckpt.runlog.append("refused", session_s=0.0, reason=problem)
+            ckpt._end_session()
+            raise InputError(problem)
+
+    def _start_problem(self, output_dir: Path, storage, begin_step: int) -> str | None:
+        if begin_step == 0:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                newest = latest_checkpoint(output_dir, allow_fresh_start=True)
+            if newest is None:
+                return None
+            return (
+                f"{output_dir} already holds this run's checkpoints up to {Path(newest).name}, "
+                "but trainer.train got no resume_from_checkpoint (a fresh start, which would "
+                "write a second history over the first): resume with "
+                "simulator.controller.hf.resume_training(trainer), or give Trainer a new "
+                "output_dir"
+            )
+        folder = _resumed_folder(output_dir, begin_step)
+        if folder is None:
+            return None  # resumed from a checkpoint outside output_dir
+        step = int(_CHECKPOINT.match(folder.name).group(1))
+        reason = _why_not(step, folder)
+        if reason is None:
+            return None
+        why = "misnamed" if step != begin_step else "unverified"
+        line = reject(storage, folder.name, why, reason)
+        return f"refusing to train on from {folder}: {line}; relaunch to resume"
 
     def _drop_stale_marker(self, args, step: int) -> None:
         # Trainer rewrites an existing checkpoint-<step> in place; until the new marker is
@@ -396,7 +473,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
         best = Path(best).resolve() if best else None
         kept = 0
         for step, folder in _folders(output_dir):
-            if folder.is_symlink():
+            if folder.is_symlink() or not folder.is_dir():
                 continue  # never delete through (or instead of) someone else's folder
             complete = ckptio.is_complete(folder)  # sizes only: CRCs were checked at save
             if complete and kept < self._save_total_limit:

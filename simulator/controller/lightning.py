@@ -440,6 +440,14 @@ class AdaptiveCheckpoint(_Callback):
                 if restored.parent.resolve() == (self.directory / named).resolve():
                     line = reject(storage, named, "misnamed", mismatch)  # ours: set aside
                 problem = f"refusing to train on from {restored}: {line}; relaunch to resume"
+            # Whatever newer is left verified but is no Lightning checkpoint (latest_checkpoint
+            # skipped it): a save of its step would replace it, so it goes aside too.
+            for name in [] if problem else storage.list():
+                step = checkpoint_step(name)
+                if step is not None and step > trainer.global_step and not storage.is_symlink(name):
+                    why = f"no {CHECKPOINT_FILE} in it (not a Lightning checkpoint)"
+                    line = reject(storage, name, "foreign", why)
+                    warnings.warn(f"{line}; never deleted", stacklevel=3)
         problem = strategy.broadcast(problem, src=0)
         if problem is not None:
             ckpt, self.checkpointer = self.checkpointer, None
