@@ -120,3 +120,20 @@ def test_a_fifo_or_a_directory_is_refused_at_once_not_read(capsys, tmp_path):
     for path, word in ((fifo, "not a regular file"), (tmp_path, "a directory")):
         code, _, err = run_cli(capsys, *JOB, "--trace", str(path))
         assert code == 2 and word in err and len(err.strip().splitlines()) == 1
+
+
+def test_replicas_that_outrun_the_trace_are_warned_about_and_counted(tmp_path, capsys):
+    # Past a trace's last failure none come: a replica still running there is optimistic.
+    short = tmp_path / "short.csv"
+    short.write_text("t\n0\n3600\n7200\n20000\n")  # failures end 5.6 h in; the job needs 200 h
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(short), "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert got["trace_span_h"] == pytest.approx(20000 / 3600)
+    assert got["replicas_past_trace_end"] == got["replicas"] > 0
+    assert "warning: the trace's failures end 5.6 h in" in err and "optimistic" in err
+    long = tmp_path / "long.csv"
+    long.write_text("t\n" + "".join(f"{h * 3600}\n" for h in range(0, 5000, 7)))
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(long), "--json")
+    assert code == 0 and json.loads(out)["replicas_past_trace_end"] == 0
+    assert "optimistic" not in err

@@ -191,6 +191,27 @@ def _tier_schedule(args: argparse.Namespace, scenario):
     return TierSchedule.for_scenario(scenario, given)
 
 
+def _note_trace_end(summary: dict, result, failure_times) -> None:
+    """Warn when replicas outran a trace replayed from its first failure: past its end no
+    failures come, so those replicas are optimistic (the summary says how many)."""
+    import numpy as np
+
+    if failure_times is None or not isinstance(failure_times, np.ndarray) or not failure_times.size:
+        return
+    span_h = float(failure_times[-1]) / 3600.0
+    walls = result.records["wall_h"].to_numpy()
+    past = int((walls > span_h).sum())
+    summary["trace_span_h"] = span_h
+    summary["replicas_past_trace_end"] = past
+    if past:
+        print(
+            f"warning: the trace's failures end {span_h:,.1f} h in, but {past} of {walls.size} "
+            f"replicas ran longer (up to {walls.max():,.1f} h) and met no failure after it: "
+            "their results are optimistic; replay a longer trace",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from simulator import budget
     from simulator.cli.common import (
@@ -237,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = result.summary()
     summary["interval_s"] = args.interval_s
+    _note_trace_end(summary, result, failure_times)
     if out is not None:
         summary["out"] = str(result.to_file(out))
     if args.json:
