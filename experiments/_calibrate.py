@@ -3,7 +3,8 @@
 ``llama3_calibration`` and ``presets_check`` both ask what a published outcome allows of a cost
 its source did not publish: the optimum of a scenario with some fields replaced
 (:func:`optimum`), and the largest value of one field whose optimum still wastes at most a
-given fraction of the wall time (:func:`largest_within`).
+given fraction of the wall time (:func:`largest_within`); and the work a failure loses on
+average, to set against a published figure (:func:`lost_since_save_s`).
 """
 
 from __future__ import annotations
@@ -39,3 +40,15 @@ def largest_within(s, field: str, bound: float, *, low: float = 0.0, **fixed) ->
         if hi > 1e12:  # a waste that never reaches the bound (bound >= 1)
             return math.inf
     return optimize.brentq(excess, low, hi, xtol=1e-3)
+
+
+def lost_since_save_s(segment_s: float, mtbf_s: float) -> float:
+    """Expected time since the last completed save when an exponential failure strikes.
+
+    A failure within a segment of ``segment_s`` (one interval and its save) falls at time t
+    with density ∝ e^(−t/M) on [0, L): E[t] = M − L / (e^(L/M) − 1), which is L/2 when L << M.
+    """
+    x = segment_s / mtbf_s
+    if x < 1e-8:
+        return segment_s / 2.0
+    return mtbf_s - segment_s / math.expm1(x)
