@@ -15,11 +15,10 @@ on them is a necessary condition, not a fit.
 from __future__ import annotations
 
 import pandas as pd
-from scipy import optimize
 
+from experiments._calibrate import largest_within, optimum
 from experiments._report import Report, table
 from simulator.display import format_usd
-from simulator.recommend import recommend
 from simulator.scenario import load_scenario
 
 PUBLISHED_EFFECTIVE = 0.90  # "higher than 90% effective training time"
@@ -27,29 +26,16 @@ DELTAS_S = (3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 RESTARTS_S = (120.0, 300.0, 600.0, 1200.0)
 
 
-def optimum(s, delta_s: float, restart_s: float) -> dict:
-    return recommend(s.with_overrides(checkpoint_s=delta_s, restart_s=restart_s))
-
-
 def largest_delta_s(s, restart_s: float, bound: float) -> float | None:
     """The largest δ whose optimum wastes at most ``bound`` (None: not even δ → 0 does)."""
-
-    def excess(delta_s: float) -> float:
-        return optimum(s, delta_s, restart_s)["optimal_waste_fraction"] - bound
-
-    if excess(1e-3) > 0:
-        return None
-    hi = 1.0
-    while excess(hi) < 0:
-        hi *= 2
-    return optimize.brentq(excess, 1e-3, hi, xtol=1e-3)
+    return largest_within(s, "checkpoint_s", bound, low=1e-3, restart_s=restart_s)
 
 
 def main() -> None:
     rep = Report("llama3_calibration", "Llama 3 preset against its published outcome")
     s = load_scenario("llama3")
     bound = 1.0 - PUBLISHED_EFFECTIVE
-    preset = optimum(s, s.checkpoint_s, s.restart_s)
+    preset = optimum(s)
     rep.add(
         f"Published: {s.gpus:,} GPUs, system MTBF {s.system_mtbf_s / 3600:.2f} h (419 "
         "interruptions in 54 days), and more than 90 % effective training time "
@@ -66,7 +52,7 @@ def main() -> None:
     for r in RESTARTS_S:
         row = {"R": f"{r / 60:g} min"}
         for d in DELTAS_S:
-            o = optimum(s, d, r)
+            o = optimum(s, checkpoint_s=d, restart_s=r)
             mark = "" if o["optimal_waste_fraction"] <= bound else " ✗"
             row[f"δ = {d:g} s"] = f"{o['optimal_waste_fraction']:.1%}{mark}"
         rows.append(row)
@@ -97,12 +83,16 @@ def main() -> None:
         f"at most δ = {largest_delta_s(s, 0.0, bound):.1f} s; with a restart of minutes, as "
         f"real ones take, the preset's {s.checkpoint_s:g} s stall exceeds the bound."
     )
-    usd = [optimum(s, d, r)["usd_lost_per_day"] for r in RESTARTS_S for d in DELTAS_S]
-    feasible = [
-        optimum(s, d, r)["usd_lost_per_day"]
+    usd = [
+        optimum(s, checkpoint_s=d, restart_s=r)["usd_lost_per_day"]
         for r in RESTARTS_S
         for d in DELTAS_S
-        if optimum(s, d, r)["optimal_waste_fraction"] <= bound
+    ]
+    feasible = [
+        optimum(s, checkpoint_s=d, restart_s=r)["usd_lost_per_day"]
+        for r in RESTARTS_S
+        for d in DELTAS_S
+        if optimum(s, checkpoint_s=d, restart_s=r)["optimal_waste_fraction"] <= bound
     ]
     rep.add(
         f"The headline (dollars lost per day at the optimum, ${s.usd_per_gpu_hour:.2f} per "

@@ -14,6 +14,7 @@ STUDIES = (
     "daly_validation",
     "llama3_scale",
     "llama3_calibration",
+    "presets_check",
     "titan_trace",
     "async_vs_sync",
     "scaling",

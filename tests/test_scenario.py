@@ -22,8 +22,8 @@ def write(tmp_path, text, name="job.toml"):
     [
         # Llama 3 paper §3.3.4: 419 unexpected interruptions in 54 days on 16,384 GPUs.
         ("llama3", 16384, 54 * 24 / 419),
-        # OPT-175B logbook: about 2 machines down per day on 1,024 A100s.
-        ("opt175b", 1024, 24 / 2),
+        # OPT-175B: 992 A100s (arXiv:2205.01068 §2.4), ~2 machines down a day (its chronicles).
+        ("opt175b", 992, 24 / 2),
         # BLOOM-176B: 1-2 GPU failures a week (1.5/week) on 384 A100s.
         ("bloom176b", 384, 7 * 24 / 1.5),
     ],
