@@ -95,6 +95,47 @@ def test_a_second_process_on_the_directory_is_refused_naming_the_holder(tmp_path
         holder.join(30)
 
 
+def _hold_the_lock_file_as(directory, note, ready):
+    """A lock holder whose note names another host, or a pid that is gone: what a dead NFS
+    client, or a forked child that kept its parent's lock, leave behind."""
+    import fcntl
+    import json
+
+    fd = os.open(Path(directory) / ".ckptsim.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, json.dumps(note).encode(), 0)
+    ready.set()
+    time.sleep(120)
+
+
+@pytest.mark.parametrize("who", ["another host", "a dead pid"])
+def test_a_lock_that_may_be_stale_says_why_it_is_held_and_when_to_retry(tmp_path, who):
+    gone = _FORK.Process(target=time.sleep, args=(0,))
+    gone.start()
+    gone.join()  # a pid that no longer runs
+    note = (
+        {"pid": 4242, "host": "node-17.cluster"}
+        if who == "another host"
+        else {"pid": gone.pid, "host": socket.gethostname()}
+    )
+    ready = _FORK.Event()
+    holder = _FORK.Process(target=_hold_the_lock_file_as, args=(tmp_path, note, ready))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        with pytest.raises(CheckpointLocked) as info:
+            checkpointer(tmp_path, make_model())
+        message = str(info.value)
+        assert "\n" not in message
+        if who == "another host":
+            assert "pid 4242 on node-17.cluster" in message and "lease expires" in message
+        else:
+            assert f"pid {gone.pid} is no longer running here" in message
+    finally:
+        holder.kill()
+        holder.join(30)
+
+
 def test_close_releases_the_lock_and_a_second_checkpointer_in_one_process_is_told_why(tmp_path):
     first = checkpointer(tmp_path, make_model())
     with pytest.raises(CheckpointLocked, match=r"this process: close\(\) the other"):

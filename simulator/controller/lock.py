@@ -197,11 +197,35 @@ def _locked_message(root: Path, holder: dict) -> str:
     if pid == os.getpid() and host == socket.gethostname():
         who += " (this process: close() the other AdaptiveCheckpointer on it first)"
     since = f", since {holder['since']}" if "since" in holder else ""
+    stale = ""
+    if host != socket.gethostname() and host != "unknown host":
+        # A lock can outlive its holder only on a network file system: NFS keeps a dead
+        # client's locks until the server's lease for it expires.
+        stale = (
+            f"; if {host} is gone, its lock ends when the file server's lease expires "
+            "(about 90 s on NFSv4): retry then"
+        )
+    elif isinstance(pid, int) and pid != os.getpid() and not _alive(pid):
+        stale = (
+            f"; pid {pid} is no longer running here, so a process that shares its open lock "
+            "file holds it (a child it forked that did not close it, or a process of the same "
+            "host name elsewhere)"
+        )
     return (
         f"checkpoint directory {root} is in use by another run ({who}{since}); two writers "
-        "would destroy each other's checkpoints: wait for it to end or stop it, or use "
-        "another directory"
+        f"would destroy each other's checkpoints: wait for it to end or stop it, or use "
+        f"another directory{stale}"
     )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours to signal
+    return True
 
 
 def _after_fork_in_child() -> None:
