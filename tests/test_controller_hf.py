@@ -452,18 +452,24 @@ def test_a_fresh_train_in_a_directory_with_checkpoints_is_refused_untouched(run,
     assert spy.flags == {} and _files(out) == before
 
 
-@pytest.mark.parametrize("damage", ["bitflip", "misnamed"])
+@pytest.mark.parametrize("damage", ["bitflip", "bitflip-after-a-check", "misnamed", "symlink"])
 def test_trainers_own_latest_lookup_is_checked_before_training(run, tmp_path, damage):
     # resume_from_checkpoint=True is Trainer's get_last_checkpoint: the highest number, checked
     # for nothing. A damaged newest, or a copy of step 6 named checkpoint-99, is refused before
     # a step, moved aside, and the relaunch resumes from the newest good folder.
     out = _copy(run, tmp_path)
     longer = MAX_STEPS + 4  # so the newest is no finished run's last step
-    if damage == "bitflip":
+    if damage.startswith("bitflip"):
+        if damage == "bitflip-after-a-check":  # this process verified it a moment before
+            assert latest_checkpoint(out) == str(out / f"checkpoint-{MAX_STEPS}")
         _flip_a_byte(out / f"checkpoint-{MAX_STEPS}" / "model.safetensors")
         bad, why = f"checkpoint-{MAX_STEPS}", "unverified"
-    else:
+    elif damage == "misnamed":
         shutil.copytree(out / "checkpoint-6", out / "checkpoint-99")
+        bad, why = "checkpoint-99", "misnamed"
+    else:  # another run's folder, linked in: Trainer follows the link, ckptsim does not
+        other = _copy(run, tmp_path / "other")
+        (out / "checkpoint-99").symlink_to(other / "checkpoint-6")
         bad, why = "checkpoint-99", "misnamed"
     trainer, _, spy = _trainer(out, max_steps=longer)
     with warnings.catch_warnings():
@@ -471,6 +477,9 @@ def test_trainers_own_latest_lookup_is_checked_before_training(run, tmp_path, da
         with pytest.raises(InputError, match=f"refusing to train on from .*{bad}.*relaunch"):
             trainer.train(resume_from_checkpoint=True)
     assert (out / f"{bad}.rejected-{why}").is_dir() and not (out / bad).exists()
+    if damage == "symlink":  # the link itself moved aside; the other run's folder untouched
+        assert (out / f"{bad}.rejected-{why}").is_symlink()
+        assert _files(tmp_path / "other" / "out") == _files(run[0])
     assert {p.name for p in out.glob("checkpoint-*") if "rejected" not in p.name} == {
         f"checkpoint-{s}" for s in _expected_saves() if f"checkpoint-{s}" != bad
     }
@@ -480,7 +489,7 @@ def test_trainers_own_latest_lookup_is_checked_before_training(run, tmp_path, da
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         resume_training(trainer)
-    start = 10 if damage == "bitflip" else MAX_STEPS  # the newest good folder
+    start = 10 if damage.startswith("bitflip") else MAX_STEPS  # the newest good folder
     assert ours.stats["resumed_from"] == start and min(spy.flags) == start + 1
     assert ours.saved_steps[-1] == longer
 

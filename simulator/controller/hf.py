@@ -114,8 +114,8 @@ def _why_not(step: int, folder: Path) -> str | None:
         return "it is a symlink (never followed)"
     if not folder.is_dir():
         return "it is not a folder"
-    if (folder.resolve(), folder.stat().st_mtime_ns) in _VERIFIED:
-        return None  # verified by latest_checkpoint in this process, unchanged since
+    if _fingerprint(folder) in _VERIFIED:
+        return None  # verified by latest_checkpoint in this process, no file changed since
     if not (folder / ckptio.MANIFEST).is_file():
         return (
             f"no completion marker ({ckptio.MANIFEST}): the save was interrupted, or "
@@ -130,13 +130,23 @@ def _why_not(step: int, folder: Path) -> str | None:
         return str(exc)
     except (OSError, ValueError, AttributeError) as exc:
         return f"{_TRAINER_STATE} is unreadable: {exc}"
-    _VERIFIED.add((folder.resolve(), folder.stat().st_mtime_ns))
+    _VERIFIED.add(_fingerprint(folder))
     return None
 
 
-_VERIFIED: set[tuple[Path, int]] = set()
-"""Folders whose CRCs this process checked (with the folder's mtime): the callback's check of
+_VERIFIED: set[tuple] = set()
+"""Folders whose CRCs this process checked, by :func:`_fingerprint`: the callback's check of
 the folder a run starts from then costs no second read of a checkpoint just verified."""
+
+
+def _fingerprint(folder: Path) -> tuple:
+    """The folder and each file's name, size and modification time: an edit in place changes
+    the file's, not the folder's (a byte flipped after a check is caught)."""
+    files = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        st = entry.stat(follow_symlinks=False)
+        files.append((entry.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return (str(folder.resolve()), tuple(files))
 
 
 def latest_checkpoint(
@@ -182,12 +192,15 @@ def _aside(output_dir: Path) -> list[str]:
 def _resumed_folder(output_dir: Path, step: int) -> Path | None:
     """The folder of ``output_dir`` a Trainer at ``step`` resumed from: the newest whose
     ``trainer_state.json`` holds that step (``checkpoint-<step>``, or a misnamed copy)."""
+    from simulator.controller.runlog import open_regular
+
     for _, folder in _folders(output_dir):
-        if folder.is_symlink() or not folder.is_dir():
+        if not folder.is_dir():  # a symlink to a folder counts: Trainer follows it
             continue
-        try:
-            state = json.loads((folder / _TRAINER_STATE).read_bytes())
-        except (OSError, ValueError):
+        try:  # a regular file only: a FIFO planted there must not hang the launch
+            with os.fdopen(open_regular(folder / _TRAINER_STATE, os.O_RDONLY, follow=True)) as f:
+                state = json.loads(f.read(1 << 20))
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(state, dict) and state.get("global_step") == step:
             return folder
