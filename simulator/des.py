@@ -94,7 +94,8 @@ class ClusterJob:
         if not scenario.failure_classes:
             ctx = PolicyContext.from_scenario(scenario)
             self._ctx = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
-            del self._ctx["age_s"]
+            for per_decision in ("age_s", "failures_seen", "exposure_s"):
+                del self._ctx[per_decision]
         # Job state: progress, the progress in the last completed checkpoint, buckets.
         self.done_s = 0.0
         self.committed_s = 0.0
@@ -141,7 +142,14 @@ class ClusterJob:
                     return
                 # Age = time since the last failure (0 at the start): the hazard-since-renewal
                 # view that age-aware policies (and simulator.fastmc) use.
-                ctx = PolicyContext(**ctx_fields, age_s=env.now - self.last_failure_s)
+                # And what a learning policy learns from: the failures met so far, over the
+                # running time outside recovery (as the controller's run log counts exposure).
+                ctx = PolicyContext(
+                    **ctx_fields,
+                    age_s=env.now - self.last_failure_s,
+                    failures_seen=self.n["failures"],
+                    exposure_s=max(env.now - self.t["recovery"], 0.0),
+                )
                 interval_s = float(policy.next_interval_s(ctx))
                 if not (math.isfinite(interval_s) and interval_s > 0):
                     hint = "" if self.scenario.has_mtbf else " (it needs mtbf_h or gpu_mtbf_h)"

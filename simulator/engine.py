@@ -38,11 +38,17 @@ def fast_refusal(scenario: Scenario) -> str | None:
     return None
 
 
-def choose_engine(scenario: Scenario, engine: str = "auto") -> str:
+def choose_engine(scenario: Scenario, engine: str = "auto", policy=None) -> str:
     """``des`` or ``fast``: the fast engine where it applies under ``auto``, else the DES."""
     if engine not in ENGINES:
         raise InputError(f"engine must be auto, des or fast, got {engine!r}")
     why = fast_refusal(scenario)
+    if why is None and getattr(policy, "learns", False):
+        why = (
+            f"the {policy.name} policy learns from the failures a replica meets, which the fast "
+            "engine (one interval per age, drawn up front) cannot feed it; use the DES "
+            "(--engine des)"
+        )
     if engine == "fast" and why is not None:
         raise InputError(why)
     if engine == "auto":
@@ -82,7 +88,8 @@ def simulate(
     failure_times=None,
 ) -> SimulationResult:
     """``replicas`` replicas on the chosen engine; ``meta["engine"]`` says which ran."""
-    which = choose_engine(scenario, engine)
+    policy = make_policy(policy) if isinstance(policy, str) else policy
+    which = choose_engine(scenario, engine, policy)
     if which == "des":
         from simulator import montecarlo  # SimPy: imported only when the DES runs
 
@@ -98,7 +105,6 @@ def simulate(
         return result
     replicas = check_replicas(replicas)
     seed = run_seed(seed)
-    policy = make_policy(policy) if isinstance(policy, str) else policy
     res = fastmc.simulate_policies(
         scenario, [policy], replicas=replicas, seed=seed, failure_times=failure_times
     )

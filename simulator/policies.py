@@ -88,6 +88,12 @@ class PolicyContext:
     """Long-run rate of the failures ``component`` does not model (node-level ones), per second.
 
     Hazard-aware policies add it to the components' rate; ``mtbf_s`` already includes it."""
+    write_s: float = 0.0
+    """Background write time of an asynchronous save, seconds (0: saves block)."""
+    failures_seen: int = 0
+    """Failures the job has met so far (a learning policy's evidence; 0 for the others)."""
+    exposure_s: float = 0.0
+    """Running time over which ``failures_seen`` were met, seconds (recovery excluded)."""
 
     @classmethod
     def from_scenario(
@@ -102,7 +108,12 @@ class PolicyContext:
         also what ``whole_job`` asks for. Without a failure rate, M is infinite and there is
         no component: only a fixed interval can decide.
         """
-        base = dict(checkpoint_s=scenario.save_stall_s, restart_s=scenario.recovery_s, age_s=age_s)
+        base = dict(
+            checkpoint_s=scenario.save_stall_s,
+            restart_s=scenario.recovery_s,
+            age_s=age_s,
+            write_s=scenario.checkpoint_write_s if scenario.async_checkpoint else 0.0,
+        )
         if not scenario.has_mtbf:
             return cls(mtbf_s=math.inf, **base)
         if scenario.gpus is None or whole_job:
@@ -305,7 +316,7 @@ class Adaptive:
         return tau
 
 
-POLICY_NAMES = ("fixed", "young", "daly", "optimal", "adaptive")
+POLICY_NAMES = ("fixed", "young", "daly", "optimal", "adaptive", "controller")
 
 
 def make_policy(name: str, interval_s: float | None = None) -> Policy:
@@ -313,7 +324,12 @@ def make_policy(name: str, interval_s: float | None = None) -> Policy:
     if interval_s is not None:
         return FixedInterval(interval_s)
     table = {"young": Young, "daly": Daly, "optimal": ExactOptimal, "adaptive": Adaptive}
+    if name == "controller":
+        from simulator.controller.schedule import ControllerPolicy  # torch-free
+
+        return ControllerPolicy()
     if name not in table:
         hint = " (fixed needs interval_s)" if name == "fixed" else ""
-        raise InputError(f"unknown policy {name!r}{hint}; use one of {', '.join(table)}")
+        names = ", ".join([*table, "controller"])
+        raise InputError(f"unknown policy {name!r}{hint}; use one of {names}")
     return table[name]()

@@ -70,6 +70,9 @@ def assert_one_line_error(code, err, fragment):
         (["sweep", *JOB, "--vary", "gpus=1.5"], "takes whole numbers"),
         (["plot", "tornado", *JOB[:6], "--factor", "1e300", "--out", "t"], "at most 100"),
         (["bench", "--sizes", "100K", "--repeats", "100000"], "--repeats 100000: at most"),
+        (["simulate", *JOB, "--prior-mtbf-h", "3"], "--prior-mtbf-h needs --policy controller"),
+        (["simulate", *JOB, "--policy", "controller", "--engine", "fast"],
+         "learns from the failures a replica meets"),
         # Runaways once: hours of simulation or gigabytes, refused up front with the estimate.
         (["simulate", "--mtbf-h", "0.001", "--checkpoint-s", "60", "--work-h", "10"],
          "no headway"),

@@ -70,6 +70,22 @@ def test_a_bad_empirical_spec_is_one_line(capsys, tmp_path, monkeypatch, spec, f
     assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
 
 
+def test_the_controller_policy_simulates_what_a_wrong_prior_costs_while_it_learns(capsys):
+    # --policy controller runs the live AdaptiveCheckpointer's decision in the DES: with the
+    # true MTBF as its prior it does what the optimum does; believing a 10x longer MTBF, it
+    # saves too rarely until the failures it meets correct it, and that costs waste.
+    job = ["--mtbf-h", "30", "--checkpoint-s", "120", "--restart-s", "600", "--work-h", "500",
+           "--replicas", "80", "--workers", "1", "--seed", "5"]  # fmt: skip
+    best = run_json(capsys, *job, "--engine", "des")
+    right = run_json(capsys, *job, "--policy", "controller")
+    wrong = run_json(capsys, *job, "--policy", "controller", "--prior-mtbf-h", "300")
+    assert right["engine"] == wrong["engine"] == "des"
+    lo, hi = best["waste_fraction_ci95"]
+    assert lo - (hi - lo) / 2 <= right["waste_fraction_mean"] <= hi + (hi - lo) / 2
+    assert wrong["waste_fraction_ci95"][0] > right["waste_fraction_ci95"][1]
+    assert wrong["checkpoints_mean"] < 0.8 * right["checkpoints_mean"]
+
+
 def test_json_carries_the_documented_keys(capsys):
     out = run_json(capsys, *JOB, "--usd-per-gpu-hour", "2.5")
     for key in ("wall_h_mean", "waste_fraction_mean", "failures_mean", "checkpoints_mean"):

@@ -237,3 +237,50 @@ def test_the_context_of_a_job_level_lifetime_is_the_jobs_own_lifetime():
     young = Adaptive().next_interval_s(c)
     old = Adaptive().next_interval_s(PolicyContext.from_scenario(s, age_s=20 * 3600))
     assert young < ExactOptimal().next_interval_s(c) < old
+
+
+# -- the live controller's decision, simulated --------------------------------------------------
+def test_the_controller_policy_decides_as_the_live_schedule_does_from_the_same_evidence():
+    # One rule (schedule.learned_context): the Schedule the AdaptiveCheckpointer runs and the
+    # ControllerPolicy the DES runs must give the same interval from the same prior and
+    # failures, a Weibull component's hazard included.
+    from simulator.controller.schedule import ControllerPolicy, Schedule
+
+    prior_mtbf, n = 8 * 3600.0, 512
+    component = Weibull.from_mean(prior_mtbf * n, 0.7)
+    for failures, exposure in [(0, 0.0), (3, 5 * 3600.0), (40, 100 * 3600.0)]:
+        schedule = Schedule(
+            policy=Adaptive(),
+            prior=FailureRatePosterior.from_prior(prior_mtbf),
+            restart_s=600.0,
+            checkpoint_prior_s=90.0,
+            asynchronous=False,
+            component=component,
+            n_components=n,
+        )
+        schedule.set_history(failures, exposure)
+        live = schedule.policy.next_interval_s(schedule.context(age_s=1800.0))
+        ctx = PolicyContext(
+            checkpoint_s=90.0, restart_s=600.0, mtbf_s=prior_mtbf, age_s=1800.0,
+            component=component, n_components=n, failures_seen=failures, exposure_s=exposure,
+        )  # fmt: skip
+        simulated = ControllerPolicy().next_interval_s(ctx)
+        assert simulated == pytest.approx(live, rel=1e-12), (failures, exposure)
+
+
+def test_the_controller_policy_learns_the_rate_and_waits_for_an_async_write():
+    from simulator.controller.schedule import ControllerPolicy
+
+    truth = 10 * 3600.0
+    base = dict(checkpoint_s=60.0, restart_s=600.0, mtbf_s=truth)
+    wrong = ControllerPolicy(prior_mtbf_s=100 * truth)
+    first = wrong.next_interval_s(PolicyContext(**base))
+    # 200 failures in 2,000 h: the posterior is within 1% of the truth, and so the interval.
+    later = wrong.next_interval_s(PolicyContext(**base, failures_seen=200, exposure_s=200 * truth))
+    posterior = FailureRatePosterior.from_prior(100 * truth).observe(200, 200 * truth)
+    assert later == pytest.approx(ExactOptimal().next_interval_s(
+        PolicyContext(**{**base, "mtbf_s": posterior.mtbf_s})
+    ))  # fmt: skip
+    assert first > 5 * later
+    clamped = ControllerPolicy().next_interval_s(PolicyContext(**base, write_s=50_000.0))
+    assert clamped == 50_000.0  # the next save cannot start before the last write ends

@@ -11,6 +11,7 @@ and renders.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 
@@ -25,7 +26,7 @@ from simulator.cli.common import (
 from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
 
-POLICIES = ("young", "daly", "optimal", "adaptive")
+POLICIES = ("young", "daly", "optimal", "adaptive", "controller")
 
 DESCRIPTION = """\
 Simulate a training job on a failing cluster, many times over, and report the distribution
@@ -70,7 +71,16 @@ def register(subparsers) -> None:
     which.add_argument(
         "--policy",
         choices=POLICIES,
-        help="interval policy (default: optimal, the exact optimum for exponential failures)",
+        help="interval policy (default: optimal, the exact optimum for exponential failures); "
+        "controller: what the live AdaptiveCheckpointer decides, learning the failure rate "
+        "from the failures a replica meets (DES only)",
+    )
+    pol.add_argument(
+        "--prior-mtbf-h",
+        type=positive_float("hours"),
+        metavar="H",
+        help="with --policy controller: the MTBF its prior believes (default: the job's true "
+        "one), to see what a wrong prior costs while the run learns",
     )
     pol.add_argument(
         "--tier-interval-s",
@@ -241,9 +251,13 @@ def run(args: argparse.Namespace) -> int:
     policy = _tier_schedule(args, scenario) or make_policy(
         args.policy or "optimal", interval_s=args.interval_s
     )
+    if args.prior_mtbf_h is not None:
+        if args.policy != "controller":
+            raise InputError("--prior-mtbf-h needs --policy controller")
+        policy = dataclasses.replace(policy, prior_mtbf_s=args.prior_mtbf_h * 3600.0)
     workers = workers_for(args, args.replicas, "ckptsim simulate")
     intervals = budget.policy_intervals(scenario, [policy])
-    engine = choose_engine(scenario, args.engine)
+    engine = choose_engine(scenario, args.engine, policy)
     est = budget.estimate(scenario, intervals, args.replicas, engine=engine, workers=workers)
     enforce_budget(args, est, workers)
     result = simulate(

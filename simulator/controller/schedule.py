@@ -23,12 +23,92 @@ from simulator.estimate import FailureRatePosterior, RunningMean
 from simulator.failures import Lifetime
 from simulator.policies import FixedInterval, Policy, PolicyContext
 
-__all__ = ["DEFAULT_MTBF_S", "Estimates", "Schedule"]
+__all__ = [
+    "DEFAULT_MTBF_S",
+    "ControllerPolicy",
+    "Estimates",
+    "Schedule",
+    "after_the_write",
+    "learned_context",
+]
 
 DEFAULT_MTBF_S = 24 * 3600.0
 """Prior MTBF when neither a scenario nor ``mtbf_h`` is given: a weak guess (weight 1)."""
 
 _MIN_CHECKPOINT_S = 1e-3  # a save is never free; keeps closed forms away from τ = 0
+
+
+def learned_context(
+    posterior: FailureRatePosterior,
+    *,
+    checkpoint_s: float,
+    restart_s: float,
+    age_s: float,
+    component: Lifetime | None,
+    n_components: int,
+    other_rate_per_s: float = 0.0,
+) -> PolicyContext:
+    """What the controller's policy sees: the failure-rate posterior as the MTBF, and the
+    component model's hazard shape kept but centred on what the run has learned.
+
+    The one rule the live :class:`Schedule` and the simulated :class:`ControllerPolicy` share."""
+    if component is not None:
+        learned_rate = 1.0 / posterior.mtbf_s - other_rate_per_s
+        component_mean = n_components / learned_rate if learned_rate > 0 else math.inf
+        if math.isfinite(component_mean):
+            component = component.with_mean(component_mean)
+        else:
+            component = None
+    return PolicyContext(
+        checkpoint_s=checkpoint_s,
+        restart_s=restart_s,
+        mtbf_s=posterior.mtbf_s,
+        age_s=age_s,
+        component=component,
+        n_components=n_components,
+        other_rate_per_s=other_rate_per_s if component is not None else 0.0,
+    )
+
+
+def after_the_write(interval_s: float, write_s: float) -> float:
+    """An asynchronous save's interval: no shorter than its background write, which must end
+    before the next save may start (the controller's async clamp)."""
+    return max(float(interval_s), float(write_s))
+
+
+@dataclass(frozen=True)
+class ControllerPolicy:
+    """The live controller's decision, for the simulator: ``inner`` (``Adaptive`` by default,
+    as :class:`~simulator.controller.AdaptiveCheckpointer`) at the failure-rate posterior that
+    a run learns from the failures it meets, from a Gamma prior of ``prior_weight`` failures
+    centred on ``prior_mtbf_s`` (None: the job's true MTBF, as the controller's prior from a
+    scenario), with the async clamp. It learns, so it needs the DES, which passes
+    ``failures_seen`` and ``exposure_s`` in each :class:`PolicyContext`."""
+
+    prior_mtbf_s: float | None = None
+    prior_weight: float = 2.0
+    inner: Policy | None = None
+    name: str = "controller"
+    learns = True
+
+    def next_interval_s(self, ctx: PolicyContext) -> float:
+        from simulator.policies import Adaptive
+
+        prior_mtbf = self.prior_mtbf_s if self.prior_mtbf_s is not None else ctx.mtbf_s
+        posterior = FailureRatePosterior.from_prior(prior_mtbf, self.prior_weight).observe(
+            ctx.failures_seen, ctx.exposure_s
+        )
+        learned = learned_context(
+            posterior,
+            checkpoint_s=ctx.checkpoint_s,
+            restart_s=ctx.restart_s,
+            age_s=ctx.age_s,
+            component=ctx.component,
+            n_components=ctx.n_components,
+            other_rate_per_s=ctx.other_rate_per_s,
+        )
+        interval_s = float((self.inner or Adaptive()).next_interval_s(learned))
+        return after_the_write(interval_s, ctx.write_s) if ctx.write_s > 0 else interval_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,16 +223,12 @@ class Schedule:
         return None if value is None else max(value, _MIN_CHECKPOINT_S)
 
     def context(self, age_s: float) -> PolicyContext:
-        component = self.component
-        if component is not None:
-            # Keep the hazard's shape but centre it on what the run has learned.
-            component = component.with_mean(self.posterior.mtbf_s * self.n_components)
-        return PolicyContext(
+        return learned_context(
+            self.posterior,
             checkpoint_s=self.checkpoint_s if self.checkpoint_s is not None else 60.0,
             restart_s=self.restart_s,
-            mtbf_s=self.posterior.mtbf_s,
             age_s=age_s,
-            component=component,
+            component=self.component,
             n_components=self.n_components,
         )
 
@@ -164,8 +240,7 @@ class Schedule:
         else:
             interval_s = float(self.policy.next_interval_s(self.context(age_s)))
             if self.asynchronous and self.write.value is not None:
-                # The background write must finish before the next save may start.
-                interval_s = max(interval_s, self.write.value)
+                interval_s = after_the_write(interval_s, self.write.value)
             self.interval_s = interval_s
             steps = max(1, round(interval_s / max(self.iteration.value, 1e-9)))
         self.interval_steps = steps
