@@ -166,7 +166,10 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--scenario",
         metavar="FILE|PRESET",
-        help="TOML scenario file, or a preset: llama3, opt175b, bloom176b, titan, titan-record",
+        help=(
+            "TOML scenario file, or a preset: llama3, llama3-mix, llama3-tiers, opt175b, "
+            "bloom176b, titan, titan-record"
+        ),
     )
     g.add_argument("--gpus", type=positive_int, metavar="N", help="GPUs in the job")
     g.add_argument("--gpus-per-node", type=positive_int, metavar="G", help="GPUs per node")

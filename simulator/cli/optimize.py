@@ -54,8 +54,9 @@ examples:
   ckptsim optimize --scenario opt175b --checkpoint-s 60 --json
 
 Intervals are compute time between saves; every save stalls training for --checkpoint-s.
-Presets: llama3, opt175b, bloom176b, titan, titan-record (simulator/presets/*.toml, with
-their sources)."""
+Presets: llama3, llama3-mix (its interruptions by cause), llama3-tiers (the mix with a
+memory tier), opt175b, bloom176b, titan, titan-record (simulator/presets/*.toml, with their
+sources)."""
 
 
 def register(subparsers) -> None:
