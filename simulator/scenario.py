@@ -207,6 +207,11 @@ class Scenario:
             )
         for c in self.failure_classes:
             c.components(self.gpus, self.nodes)  # a per-GPU/node class needs the counts
+        if self.failure_classes and not self.tiers:
+            # Classes without tiers: the scenario's own save is the one tier, and every class
+            # rolls back to it (each with its own detection and restart). Without this the
+            # classes' recoveries were ignored by optimize and simulate found no failure rate.
+            object.__setattr__(self, "tiers", (self._own_save_as_a_tier(),))
         names = {c.name for c in self.failure_classes} or {IMPLICIT_CLASS}
         for t in self.tiers:
             unknown = sorted(t.survives - names)
@@ -215,6 +220,24 @@ class Scenario:
                     f"tier {t.name!r} survives unknown failure class {unknown[0]!r} "
                     f"(classes: {', '.join(sorted(names))})"
                 )
+
+    def _own_save_as_a_tier(self) -> Tier:
+        """The scenario's checkpoint fields as one persistent tier surviving every class."""
+        by_bytes = self.checkpoint_bytes is not None and (
+            self.write_bytes_per_s_per_node is not None or self.storage_bytes_per_s is not None
+        )
+        return Tier(
+            name="persistent",
+            survives=frozenset(c.name for c in self.failure_classes),
+            checkpoint_s=None if by_bytes else self.checkpoint_s,
+            checkpoint_bytes=self.checkpoint_bytes if by_bytes else None,
+            write_bytes_per_s_per_node=self.write_bytes_per_s_per_node if by_bytes else None,
+            storage_bytes_per_s=self.storage_bytes_per_s if by_bytes else None,
+            restore_s=self.load_s,
+            asynchronous=self.async_checkpoint,
+            staging_s=self.staging_s,
+            retention=self.checkpoints_retained or 1,
+        )
 
     def _validate_des_fields(self) -> None:
         for name in ("spares", "writer_nodes"):

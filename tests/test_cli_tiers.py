@@ -118,3 +118,32 @@ def test_tier_flags_without_tiers_and_simulate_with_tiers_are_refused(capsys, to
     assert code == 2 and "needs a scenario with [[tier]] tables" in err
     code, _, err = run(capsys, "optimize", "--scenario", str(toml), "--simulate")
     assert code == 2 and "not modelled yet" in err
+
+
+def test_failure_classes_without_tiers_roll_back_to_the_scenarios_own_save(capsys, tmp_path):
+    # Was: optimize ignored the classes' detection and restart times (the single-tier path) and
+    # simulate said "no failure rate". Now the scenario's save is the one tier every class
+    # rolls back to: the same answers as writing that tier out.
+    head, _, _ = TWO_TIERS.partition("[[tier]]")
+    implicit = tmp_path / "classes.toml"
+    implicit.write_text("checkpoint_s = 60\n" + textwrap.dedent(head))  # a top-level key
+    explicit = tmp_path / "one-tier.toml"
+    explicit.write_text(
+        textwrap.dedent(head)
+        + '[[tier]]\nname = "persistent"\ncheckpoint_s = 60\nsurvives = ["process", "node"]\n'
+    )
+    got = [json.loads(run(capsys, "optimize", "--scenario", str(p), "--json")[1])
+           for p in (implicit, explicit)]  # fmt: skip
+    assert got[0]["tier_intervals_s"] == got[1]["tier_intervals_s"]
+    assert got[0]["optimal_waste_fraction"] == got[1]["optimal_waste_fraction"]
+    slower = tmp_path / "slow-detection.toml"
+    slower.write_text(implicit.read_text().replace("detection_s = 60", "detection_s = 3600"))
+    worse = json.loads(run(capsys, "optimize", "--scenario", str(slower), "--json")[1])
+    assert worse["optimal_waste_fraction"] > got[0]["optimal_waste_fraction"]  # R per class
+    sims = [
+        json.loads(run(capsys, "simulate", "--scenario", str(p), "--replicas", "6",
+                       "--workers", "1", "--seed", "2", "--json")[1])
+        for p in (implicit, explicit)
+    ]  # fmt: skip
+    assert sims[0]["wall_h_mean"] == sims[1]["wall_h_mean"]  # same failures, same model
+    assert sims[0]["failures_node_mean"] > 0

@@ -282,11 +282,19 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
         f"{format_duration(result['single_tier_interval_s'])}): {single}",
     ]
     better = result["optimal_waste_fraction"] < result["single_tier_waste_fraction"]
-    lines.append(
-        "Recommendation: "
-        + ("the tiers as above." if better else f"one tier ({result['single_tier']}); the "
-           "cheaper tiers do not pay for their saves at these rates (first order).")
-    )  # fmt: skip
+    if len(result["tier_intervals_s"]) == 1:
+        advice = (
+            f"save to {result['single_tier']} every "
+            f"{format_duration(result['single_tier_interval_s'])} (first order)."
+        )
+    elif better:
+        advice = "the tiers as above."
+    else:
+        advice = (
+            f"one tier ({result['single_tier']}); the cheaper tiers do not pay for their "
+            "saves at these rates (first order)."
+        )
+    lines.append("Recommendation: " + advice)
     print("\n".join(lines))
     return 0
 
