@@ -30,8 +30,14 @@ SPECIAL = {
         "exponential", "weibull:shape=0.7", "weibull:shape=1e-6", "weibull:shape=0.001",
         "weibull:shape=1,shape=2", "weibull", "lognormal:sigma=40", "lognormal:sigma=1",
         "gamma", "", "WEIBULL:SHAPE=2", "weibull:shape=nan", "exponential:shape=1",
+        "empirical:life.csv", "empirical:fail.csv", "EMPIRICAL: life.csv", "empirical:",
+        "empirical", "empirical:empty.csv", "empirical:bin.csv", "empirical:/nonexistent",
+        "empirical:.", "empirical:log.csv",
     ],
-    "--scenario": ["llama3", "opt175b", "titan", "nosuch", "/dev/null", ".", "log.csv"],
+    "--scenario": [
+        "llama3", "opt175b", "titan", "llama3-mix", "llama3-tiers", "nosuch", "/dev/null", ".",
+        "log.csv",
+    ],
     "--out": [
         "o.csv", "o.parquet", "o.xlsx", "", "/proc/none/o.csv", "sub/o.csv", "o", "o.png",
         "o.svg", ".", "log.csv/x.csv", "/dev/full",

@@ -104,7 +104,9 @@ def _dataset(n: int = 64, length: int = 16):
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def _trainer(output_dir, *, save_total_limit=None, save_strategy="no", before=(), max_steps=None):
+def _trainer(
+    output_dir, *, save_total_limit=None, save_strategy="no", before=(), max_steps=None, rows=64
+):
     config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
@@ -131,7 +133,7 @@ def _trainer(output_dir, *, save_total_limit=None, save_strategy="no", before=()
     trainer = transformers.Trainer(
         model=model,
         args=args,
-        train_dataset=_dataset(),
+        train_dataset=_dataset(rows),
         callbacks=[Tick(clock), *before, ours, spy],
     )
     return trainer, ours, spy
@@ -512,6 +514,19 @@ def test_a_symlink_or_a_file_in_a_checkpoints_place_is_moved_aside_not_written_t
     assert sorted(p.name for p in precious.iterdir()) == ["model.safetensors"]
     assert (out / "checkpoint-10.rejected-unverified").is_symlink()
     assert (out / f"checkpoint-{MAX_STEPS}.rejected-unverified").read_text() == "not a folder"
+
+
+def test_an_epoch_save_at_the_step_the_adaptive_one_saved_is_not_written_twice(tmp_path):
+    # 24 rows in batches of 4: epochs of 6 steps, and the first adaptive save is due at 6.
+    trainer, ours, _ = _trainer(tmp_path, save_strategy="epoch", rows=24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert ours.saved_steps == sorted(set(ours.saved_steps))  # each step saved once
+    assert 6 in ours.saved_steps and MAX_STEPS in ours.saved_steps
+    saves = [json.loads(line) for line in (tmp_path / "runlog.jsonl").open()]
+    steps = [e["step"] for e in saves if e["event"] == "save"]
+    assert steps == sorted(set(steps))
 
 
 def test_save_strategy_best_is_refused_in_one_line(tmp_path):

@@ -372,6 +372,10 @@ class AdaptiveSaveCallback(_TrainerCallback):
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_save and self.checkpointer.last_saved_step == state.global_step:
+            # An "epoch" save at the step the adaptive one just saved: the same checkpoint
+            # again, twice the cost and a second record of one save.
+            control.should_save = False
         if control.should_save:  # an "epoch" save strategy
             self._drop_stale_marker(args, state.global_step)
         return control
