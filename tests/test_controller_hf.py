@@ -26,6 +26,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # A hard import: `make test` installs the hf extra, and CI must test the real library.
 import transformers
+from _damage import flip_a_byte
 from safetensors.torch import load_file
 
 from simulator import ckptio
@@ -388,15 +389,6 @@ def test_save_total_limit_keeps_the_newest_complete_and_deletes_nothing_it_did_n
     assert latest_checkpoint(tmp_path) == str(tmp_path / f"checkpoint-{MAX_STEPS}")
 
 
-def _flip_a_byte(path: Path) -> None:
-    """Bit rot: one byte changed, the size kept (what Trainer and a size check cannot see)."""
-    with open(path, "r+b") as f:
-        f.seek(-3, os.SEEK_END)
-        byte = f.read(1)
-        f.seek(-3, os.SEEK_END)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def _files(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*/*")}
 
@@ -409,7 +401,7 @@ def test_every_checkpoint_damaged_refuses_a_silent_fresh_start_and_keeps_them(ru
     shutil.copytree(output_dir, out)
     damaged = [f"checkpoint-{s}" for s in _expected_saves()]
     for name in damaged:
-        _flip_a_byte(out / name / "model.safetensors")
+        flip_a_byte(out / name / "model.safetensors", 3)
     before = _files(out)
     trainer, ours, spy = _trainer(out, save_total_limit=1)
     with pytest.warns(UserWarning), pytest.raises(NoIntactCheckpoint) as refused:
@@ -464,7 +456,7 @@ def test_trainers_own_latest_lookup_is_checked_before_training(run, tmp_path, da
     if damage.startswith("bitflip"):
         if damage == "bitflip-after-a-check":  # this process verified it a moment before
             assert latest_checkpoint(out) == str(out / f"checkpoint-{MAX_STEPS}")
-        _flip_a_byte(out / f"checkpoint-{MAX_STEPS}" / "model.safetensors")
+        flip_a_byte(out / f"checkpoint-{MAX_STEPS}" / "model.safetensors", 3)
         bad, why = f"checkpoint-{MAX_STEPS}", "unverified"
     elif damage == "misnamed":
         shutil.copytree(out / "checkpoint-6", out / "checkpoint-99")

@@ -22,6 +22,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from _damage import flip_a_byte
 
 from simulator import ckptio
 from simulator.controller.lightning import (
@@ -231,15 +232,6 @@ def test_a_damaged_newest_checkpoint_is_skipped_on_resume_and_moved_aside(tmp_pa
     assert (tmp_path / "step-00000010.rejected-corrupt" / CHECKPOINT_FILE).is_file()
 
 
-def _flip_a_byte(path: Path) -> None:
-    """Bit rot: one byte changed, the size kept (what a size check cannot see)."""
-    with open(path, "r+b") as f:
-        f.seek(-20, os.SEEK_END)
-        byte = f.read(1)
-        f.seek(-20, os.SEEK_END)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def _tree(directory: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(directory)): p.read_bytes()
@@ -255,7 +247,7 @@ def test_every_checkpoint_damaged_refuses_a_silent_fresh_start_and_keeps_them(tm
     damaged = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step-"))
     assert damaged == ["step-00000006", "step-00000010"]
     for name in damaged:
-        _flip_a_byte(tmp_path / name / CHECKPOINT_FILE)
+        flip_a_byte(tmp_path / name / CHECKPOINT_FILE)
     before = _tree(tmp_path)
     with pytest.warns(UserWarning), pytest.raises(NoIntactCheckpoint) as refused:
         latest_checkpoint(tmp_path)
