@@ -465,7 +465,26 @@ def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, 
     """A scenario mapping from ``fit_log``'s best fit (validated as ``optimize`` would take
     it): ``mtbf_h`` for a system's gaps, else ``gpus`` units of one GPU each at ``gpu_mtbf_h``;
     ``fixed`` (checkpoint_s, restart_s, work_h) are laid over it where not None."""
-    best = result["fits"][0]
+    from simulator.failures import parse_failure
+
+    # The best fit by AIC that a simulation can sample: a lognormal sigma or Weibull shape
+    # past what --failure accepts (a log whose censored tail dominates) is passed over for
+    # the next best, and the result says so (result["scenario_fit"]).
+    skipped = []
+    for best in result["fits"]:
+        try:
+            parse_failure(failure_spec(best), best.mean_s)
+        except InputError as exc:
+            skipped.append(f"{failure_spec(best)} ({exc})")
+            continue
+        break
+    else:
+        raise InputError(
+            "--scenario-out: no fitted family is one a simulation can sample ("
+            + "; ".join(skipped)
+            + "); try --failure empirical:FILE with this log instead"
+        )
+    result["scenario_fit"] = {"family": best.family, "skipped": skipped}
     data: dict = {"name": name, "failure": failure_spec(best)}
     mean_h = best.mean_s / 3600.0
     if log.shape == "timestamps" and log.components is None:

@@ -314,6 +314,22 @@ def test_an_end_centuries_past_the_log_is_one_line_not_an_overflow(capsys, tmp_p
     assert run_cli(capsys, log, "--end", "2030-01-01")[0] == 0
 
 
+def test_a_best_fit_no_simulation_can_sample_gives_way_to_the_next_best(capsys, tmp_path):
+    # A long censored tail makes lognormal win with sigma above 5, which --failure refuses:
+    # --scenario-out was a one-line refusal and no scenario; now the next best, said so.
+    log = tmp_path / "t.csv"
+    rows = [f"2024-01-{d:02d}T{h:02d}:00:00,{n}" for d, h, n in [
+        (1, 3, 1), (2, 7, 2), (4, 1, 1), (5, 9, 3), (8, 2, 2), (9, 5, 1), (12, 8, 3), (15, 4, 2)
+    ]]  # fmt: skip
+    log.write_text("time,node\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "s.toml"
+    code, _, err = run_cli(capsys, log, "--end", "2100-01-01", "--scenario-out", str(out))
+    assert code == 0, err
+    assert "passed over a better fit no simulation can sample: lognormal:sigma=" in err
+    assert "weibull" in out.read_text() and "Passed over a better fit" in out.read_text()
+    assert main(["optimize", "--scenario", str(out)]) == 0
+
+
 def test_outputs_that_cannot_be_written_are_refused_before_the_fit(capsys, tmp_path, monkeypatch):
     import simulator.fit
 

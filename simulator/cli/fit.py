@@ -10,6 +10,7 @@ its repair-time distribution. ``--scenario-out`` writes the best fit as a scenar
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from simulator.cli.common import positive_int, print_json
@@ -176,12 +177,16 @@ def run(args) -> int:
     if scenario_out is not None:
         fixed = {k: getattr(args, k) for k in ("checkpoint_s", "restart_s", "work_h")}
         data = scenario_from_fit(log, result, name=scenario_out.stem, gpus=args.gpus, **fixed)
-        best = result["fits"][0]
+        chosen = result.pop("scenario_fit")
         header = [
             f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by AIC "
-            f"({best.family}),",
+            f"({chosen['family']}),",
             f"fitted to {result['events']} failures and {result['censored']} censored lifetimes.",
         ]
+        for passed in chosen["skipped"]:
+            note = f"passed over a better fit no simulation can sample: {passed}"
+            header.append(note[0].upper() + note[1:] + ".")
+            print(f"warning: --scenario-out {note}", file=sys.stderr)
         missing = [k for k in ("checkpoint_s", "restart_s") if k not in data]
         if missing:
             header.append(
