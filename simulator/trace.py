@@ -47,13 +47,14 @@ class TraceFailures:
         return self._times[self._next - 1]
 
 
-def read_trace(path, *, time_column: str | None = None, unit: str = "s") -> np.ndarray:
+def read_trace(path, *, time_column: str | None = None, unit: str = "h") -> np.ndarray:
     """Sorted failure times (s since the job's start) from the log at ``path``; one-line errors.
 
     The log is read as ``ckptsim fit`` reads it (``simulator.faillog``: CSV or Parquet, the
-    time column named or recognised). Numbers are seconds (or ``unit``: min, h, d) since the
-    job started. Dates are parsed by pandas; the job starts at the first of them (that row
-    marks the start, it is not a failure that hits the job).
+    time column named or recognised). Numbers are times since the job started in ``unit``
+    (s, min, h or d; hours by default, as ``ckptsim fit`` reads a log). Dates are parsed by
+    pandas; the job starts at the first of them (that row marks the start, it is not a failure
+    that hits the job).
     """
     from simulator.faillog import UNITS, parse_times, pick_column, read_table
 

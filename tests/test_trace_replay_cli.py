@@ -126,7 +126,7 @@ def test_replicas_that_outrun_the_trace_are_warned_about_and_counted(tmp_path, c
     # Past a trace's last failure none come: a replica still running there is optimistic.
     short = tmp_path / "short.csv"
     short.write_text("t\n0\n3600\n7200\n20000\n")  # failures end 5.6 h in; the job needs 200 h
-    code, out, err = run_cli(capsys, *JOB, "--trace", str(short), "--json")
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(short), "--unit", "s", "--json")
     assert code == 0
     got = json.loads(out)
     assert got["trace_span_h"] == pytest.approx(20000 / 3600)
@@ -134,6 +134,21 @@ def test_replicas_that_outrun_the_trace_are_warned_about_and_counted(tmp_path, c
     assert "warning: the trace's failures end 5.6 h in" in err and "optimistic" in err
     long = tmp_path / "long.csv"
     long.write_text("t\n" + "".join(f"{h * 3600}\n" for h in range(0, 5000, 7)))
-    code, out, err = run_cli(capsys, *JOB, "--trace", str(long), "--json")
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(long), "--unit", "s", "--json")
     assert code == 0 and json.loads(out)["replicas_past_trace_end"] == 0
     assert "optimistic" not in err
+
+
+def test_numbers_without_a_unit_are_hours_as_fit_reads_the_same_log(tmp_path, capsys):
+    # Was: seconds here and hours in `ckptsim fit`, so one numeric log meant two things.
+    log = tmp_path / "t.csv"
+    log.write_text("t\n0\n2\n5\n9\n")
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(log), "--json", "--replicas", "2")
+    assert code == 0, err
+    assert json.loads(out)["trace_span_h"] == pytest.approx(9.0)
+    fit = main(["fit", str(log), "--json"])
+    assert fit == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["events"] == 3  # gaps 2, 3, 4 hours
+    exp = next(f for f in got["families"] if f["family"] == "exponential")
+    assert exp["params"]["mean_s"] == pytest.approx(3 * 3600)

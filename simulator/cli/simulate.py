@@ -113,8 +113,8 @@ def register(subparsers) -> None:
     tr.add_argument(
         "--unit",
         choices=("s", "min", "h", "d"),
-        default="s",
-        help="unit of numeric failure times (default s; timestamps are parsed as dates)",
+        help="unit of numeric failure times (default h, as `ckptsim fit` reads the same log; "
+        "timestamps are parsed as dates)",
     )
     tr.add_argument(
         "--trace-start",
@@ -156,12 +156,12 @@ def _scenario(args: argparse.Namespace):
 def _trace(args: argparse.Namespace, scenario):
     """The replayed failure times (None without --trace) and the scenario they run against."""
     if args.trace is None:
-        if args.time_column is not None or args.unit != "s" or args.trace_start != "first":
+        if args.time_column is not None or args.unit is not None or args.trace_start != "first":
             raise InputError("--time-column, --unit and --trace-start need --trace FILE")
         return None, scenario
     from simulator.trace import TraceStart, read_trace, trace_mtbf_s
 
-    times = read_trace(args.trace, time_column=args.time_column, unit=args.unit)
+    times = read_trace(args.trace, time_column=args.time_column, unit=args.unit or "h")
     if not scenario.has_mtbf:
         scenario = scenario.with_overrides(mtbf_h=trace_mtbf_s(times) / 3600.0)
     if args.trace_start == "random":
