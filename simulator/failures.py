@@ -488,7 +488,13 @@ def _load_empirical(real: str, mtime_ns: int, size: int, shown: str) -> Empirica
     try:
         log = read_failure_log(real)
     except InputError as exc:
-        raise InputError(f"empirical:{shown}: {exc}") from None
+        hint = ""
+        if "-column" in str(exc):  # the column flags are fit's and --trace's, not --failure's
+            hint = (
+                "; empirical:FILE reads the columns `ckptsim fit` recognises by name: rename "
+                "them, or fit the log with `ckptsim fit FILE --scenario-out`"
+            )
+        raise InputError(f"empirical:{shown}: {exc}{hint}") from None
     if log.durations_s.size == 0 or not log.observed.any():
         raise InputError(f"empirical:{shown}: the log holds no failed lifetimes to draw from")
     life = Empirical(log.durations_s, log.observed)

@@ -90,10 +90,12 @@ def _objective_name(scenario: Scenario, objective: str) -> str:
     return objective
 
 
-def _engine(scenario: Scenario, engine: str) -> str:
+def _engine(scenario: Scenario, engine: str, policies: Sequence[Policy] = ()) -> str:
+    """The engine for these policies: one that learns (the controller's) needs the DES."""
     from simulator.engine import choose_engine
 
-    return choose_engine(scenario, engine)
+    learner = next((p for p in policies if getattr(p, "learns", False)), None)
+    return choose_engine(scenario, engine, learner)
 
 
 def _des_replica(scenario: Scenario, policy: Policy, seed, failure_times=None) -> dict:
@@ -134,7 +136,7 @@ def evaluate(
     (policy, replica) runs, stopped at once by Ctrl-C (``simulator.workers``); ``bar`` (a
     tqdm bar) advances by one per run. Results do not depend on ``workers``.
     """
-    engine = _engine(scenario, engine)
+    engine = _engine(scenario, engine, policies)
     if engine == "fast":
         res = fastmc.simulate_policies(
             scenario,

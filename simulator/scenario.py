@@ -207,11 +207,14 @@ class Scenario:
             )
         for c in self.failure_classes:
             c.components(self.gpus, self.nodes)  # a per-GPU/node class needs the counts
-        if self.failure_classes and not self.tiers:
+        if self.failure_classes and (not self.tiers or self.tiers[0].implicit):
             # Classes without tiers: the scenario's own save is the one tier, and every class
             # rolls back to it (each with its own detection and restart). Without this the
             # classes' recoveries were ignored by optimize and simulate found no failure rate.
+            # Built again at every validation, so flags laid over the file reach it.
             object.__setattr__(self, "tiers", (self._own_save_as_a_tier(),))
+        elif self.tiers and self.tiers[0].implicit:
+            object.__setattr__(self, "tiers", ())  # the classes that made it are gone
         names = {c.name for c in self.failure_classes} or {IMPLICIT_CLASS}
         for t in self.tiers:
             unknown = sorted(t.survives - names)
@@ -226,7 +229,7 @@ class Scenario:
         by_bytes = self.checkpoint_bytes is not None and (
             self.write_bytes_per_s_per_node is not None or self.storage_bytes_per_s is not None
         )
-        return Tier(
+        tier = Tier(
             name="persistent",
             survives=frozenset(c.name for c in self.failure_classes),
             checkpoint_s=None if by_bytes else self.checkpoint_s,
@@ -238,6 +241,8 @@ class Scenario:
             staging_s=self.staging_s,
             retention=self.checkpoints_retained or 1,
         )
+        object.__setattr__(tier, "implicit", True)
+        return tier
 
     def _validate_des_fields(self) -> None:
         for name in ("spares", "writer_nodes"):
@@ -437,6 +442,7 @@ class Scenario:
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"{path}: malformed TOML ({exc})") from None
         data.setdefault("name", path.stem)
+        _paths_from(data, path.parent)
         return cls.from_mapping(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
@@ -446,17 +452,35 @@ class Scenario:
             for k, v in dataclasses.asdict(self).items()
             if v is not None and k not in _TABLES.values()
         }
-        if self.tiers:
+        if self.tiers and not self.tiers[0].implicit:  # as the user wrote it: no made-up tier
             out["tier"] = [_table(t, {"asynchronous": "async"}) for t in self.tiers]
         if self.failure_classes:
             out["failure_class"] = [_table(c, {}) for c in self.failure_classes]
         return out
 
 
+def _paths_from(data: dict[str, Any], folder: Path) -> None:
+    """A file's ``empirical:PATH`` specs name PATH relative to the file's folder, as a person
+    writing it next to the log expects, not to wherever ckptsim runs (absolute paths as given).
+    """
+    tables = [data, *(t for t in data.get("failure_class", []) if isinstance(t, dict))]
+    for table in tables:
+        for key in ("failure", "repair"):
+            spec = table.get(key)
+            if not isinstance(spec, str):
+                continue
+            head, sep, rest = spec.strip().partition(":")
+            if head.strip().lower() == "empirical" and sep and rest.strip():
+                target = Path(rest.strip()).expanduser()
+                if not target.is_absolute():
+                    table[key] = f"empirical:{folder / target}"
+
+
 def _table(obj, renames: dict[str, str]) -> dict[str, Any]:
     out = {}
+    internal = {f.name for f in dataclasses.fields(obj) if not f.init}
     for k, v in dataclasses.asdict(obj).items():
-        if v is not None:
+        if v is not None and k not in internal:
             out[renames.get(k, k)] = sorted(v) if isinstance(v, frozenset) else v
     return out
 

@@ -138,6 +138,9 @@ class Tier:
     """Checkpoints kept in this tier at once."""
     interval_s: float | None = None
     """Compute seconds between saves to this tier (None: set by the schedule or optimiser)."""
+    implicit: bool = field(default=False, init=False, repr=False, compare=False)
+    """Made by the scenario from its own save fields (failure classes without [[tier]] tables):
+    rebuilt whenever the scenario is, never written back to a file."""
 
     def __post_init__(self):
         owner = f"tier {_name('tier', self.name)!r}"

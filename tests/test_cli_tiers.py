@@ -147,3 +147,59 @@ def test_failure_classes_without_tiers_roll_back_to_the_scenarios_own_save(capsy
     ]  # fmt: skip
     assert sims[0]["wall_h_mean"] == sims[1]["wall_h_mean"]  # same failures, same model
     assert sims[0]["failures_node_mean"] > 0
+
+
+def _classes_only(tmp_path):
+    head, _, _ = TWO_TIERS.partition("[[tier]]")
+    path = tmp_path / "classes.toml"
+    path.write_text("checkpoint_s = 60\n" + textwrap.dedent(head))
+    return path
+
+
+def test_flags_reach_the_implicit_tier_and_not_an_explicit_one(capsys, tmp_path):
+    # The implicit tier is built from the scenario's save fields, after the flags: a helper
+    # found --checkpoint-s 900 printed as the stall while 60 s saves were simulated.
+    path = _classes_only(tmp_path)
+    sim = ["simulate", "--scenario", str(path), "--replicas", "4", "--workers", "1", "--json"]
+    base = json.loads(run(capsys, *sim)[1])
+    slow = json.loads(run(capsys, *sim, "--checkpoint-s", "900")[1])
+    assert slow["checkpoints_mean"] < base["checkpoints_mean"] / 2
+    assert slow["checkpoint_h_mean"] == pytest.approx(
+        slow["checkpoints_mean"] * 900 / 3600, rel=0.1
+    )
+    opt = ["optimize", "--scenario", str(path), "--json"]
+    fast_tier = json.loads(run(capsys, *opt)[1])["tier_intervals_s"]["persistent"]
+    slow_tier = json.loads(run(capsys, *opt, "--checkpoint-s", "900")[1])
+    assert slow_tier["tier_intervals_s"]["persistent"] > 3 * fast_tier
+    # A file's own [[tier]] tables are not reached by the flags: refused, not ignored.
+    code, _, err = run(capsys, "optimize", "--scenario", "llama3-mix", "--checkpoint-s", "900")
+    assert code == 2 and "does not reach the scenario's [[tier]] tables" in err
+
+
+def test_one_implicit_tier_takes_a_fixed_interval_or_a_closed_form_policy(capsys, tmp_path):
+    path = _classes_only(tmp_path)
+    sim = ["simulate", "--scenario", str(path), "--replicas", "4", "--workers", "1", "--json"]
+    fixed = json.loads(run(capsys, *sim, "--interval-s", "3600")[1])
+    assert fixed["checkpoints_mean"] == pytest.approx(200, abs=2)  # 200 h of work, hourly
+    young = json.loads(run(capsys, *sim, "--policy", "young")[1])
+    assert young["checkpoints_mean"] > fixed["checkpoints_mean"]  # M ~8 h, delta 60 s: ~30 min
+    code, _, err = run(capsys, *sim, "--policy", "controller")
+    assert code == 2 and "not modelled with [[failure_class]] tables" in err
+
+
+def test_a_relative_empirical_path_in_a_file_is_read_from_the_files_folder(
+    capsys, tmp_path, monkeypatch
+):
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    (folder / "log.csv").write_text("duration,event\n" + "".join(f"{h},1\n" for h in range(1, 30)))
+    (folder / "emp.toml").write_text(
+        'gpus = 64\ngpu_mtbf_h = 5000\nwork_h = 50\nfailure = "empirical:log.csv"\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, err = run(capsys, "simulate", "--scenario", "../scenarios/emp.toml",
+                         "--replicas", "2", "--workers", "1", "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["failure"].endswith("scenarios/log.csv")

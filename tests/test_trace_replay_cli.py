@@ -152,3 +152,13 @@ def test_numbers_without_a_unit_are_hours_as_fit_reads_the_same_log(tmp_path, ca
     assert got["events"] == 3  # gaps 2, 3, 4 hours
     exp = next(f for f in got["families"] if f["family"] == "exponential")
     assert exp["params"]["mean_s"] == pytest.approx(3 * 3600)
+
+
+def test_a_trace_whose_failures_all_come_after_the_job_says_to_check_the_unit(tmp_path, capsys):
+    # Seconds read as hours: the first failure 36,000 h in, after a 200 h job. Was silent.
+    log = tmp_path / "t.csv"
+    log.write_text("t\n36000\n72000\n")
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(log), "--json", "--replicas", "2")
+    assert code == 0 and json.loads(out)["failures_mean"] == 0
+    assert "no failure of the trace came within any replica's wall time" in err
+    assert "is --unit right?" in err

@@ -347,6 +347,41 @@ def uses_default_preset(args: argparse.Namespace, extra: dict[str, Any] | None =
     return all(v is None for v in _overrides(args, extra).values())
 
 
+_SAVE_FIELDS = (
+    "checkpoint_s",
+    "staging_s",
+    "checkpoint_bytes",
+    "write_bytes_per_s_per_node",
+    "storage_bytes_per_s",
+    "read_bytes_per_s",
+)
+
+
+def _refuse_save_flags_over_tiers(base, overrides: dict[str, Any]) -> None:
+    """The save flags describe the scenario's own save; a file's [[tier]] tables each have
+    their own, which the flags would silently not reach."""
+    if not base.tiers or base.tiers[0].implicit:
+        return
+    given = [k for k in _SAVE_FIELDS if overrides.get(k) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise InputError(
+            f"{flag} does not reach the scenario's [[tier]] tables ("
+            + ", ".join(t.name for t in base.tiers)
+            + "): each tier sets its own save and restore costs; edit them in the file"
+        )
+
+
+def refuse_tiers(scenario, command: str) -> None:
+    """One line for a command that does not model [[tier]] or [[failure_class]] tables yet."""
+    if scenario.tiers or scenario.failure_classes:
+        raise InputError(
+            f"[[tier]] and [[failure_class]] tables are not modelled by {command} yet; use "
+            "`ckptsim optimize --scenario FILE` (every tier's interval) or `ckptsim simulate "
+            "--scenario FILE --tier-interval-s NAME=SECONDS`"
+        )
+
+
 def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None):
     """The scenario named by --scenario (if any) with flags laid over it.
 
@@ -366,6 +401,7 @@ def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = 
     try:
         if getattr(args, "scenario", None):
             base = load_scenario(args.scenario)
+            _refuse_save_flags_over_tiers(base, overrides)
             return base.with_overrides(**_small_job_fits_one_node(overrides, base.gpus_per_node))
         if uses_default_preset(args, extra):
             return load_scenario(DEFAULT_PRESET)

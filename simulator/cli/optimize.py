@@ -260,7 +260,8 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
         print_json(result)
         return 0
     lines = [
-        f"ckptsim optimize: {scenario.name} ({len(scenario.tiers)} tiers, "
+        f"ckptsim optimize: {scenario.name} ({len(scenario.tiers)} "
+        f"tier{'s' if len(scenario.tiers) != 1 else ''}, "
         f"{len(scenario.failure_classes) or 1} failure classes), {result['method']}",
         "",
         f"{'tier':<16}{'save every':>12}{'failures it restores (per h)':>32}",

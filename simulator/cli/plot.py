@@ -15,6 +15,7 @@ from simulator.cli.common import (
     add_scenario_flags,
     positive_float,
     positive_int,
+    refuse_tiers,
     require_failure_rate,
     require_work,
     scenario_from_args,
@@ -98,6 +99,7 @@ def run(args) -> int:
         ax = plots.optimum_vs_size(_read_table(args.table))
     else:
         scenario = scenario_from_args(args)
+        refuse_tiers(scenario, f"plot {args.kind}")
         require_failure_rate(scenario)
         require_work(scenario, f"plot {args.kind}")
         ax = _from_scenario(args, scenario)

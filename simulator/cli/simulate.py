@@ -44,7 +44,7 @@ examples:
   ckptsim simulate --gpus 1024 --gpu-mtbf-h 50000 --checkpoint-s 90 --restart-s 900 \\
       --work-h 720 --interval-s 3600 --spares 2 --repair-h 24 --out runs.parquet
 
-  ckptsim simulate --gpus 4096 --gpu-mtbf-h 50000 --checkpoint-s 60 --restart-s 600 \
+  ckptsim simulate --gpus 4096 --gpu-mtbf-h 50000 --checkpoint-s 60 --restart-s 600 \\
       --work-h 500 --trace my-failures.csv --time-column failed_at --trace-start random
       replay a real failure log (timestamps, or numbers with --unit) instead of a model
 
@@ -175,12 +175,29 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         if args.tier_interval_s:
             raise InputError("--tier-interval-s needs a scenario with [[tier]] tables")
         return None
+    from simulator.tiers import TierSchedule, first_order_plan
+
+    implicit = scenario.tiers[0].implicit  # failure classes, and the scenario's own save
+    if implicit and (args.policy or args.interval_s) and not args.tier_interval_s:
+        # One tier: a fixed interval, or what a closed-form policy gives at the classes'
+        # total rate; a policy that adapts as it goes is not modelled with failure classes.
+        if args.interval_s is not None:
+            return TierSchedule.for_scenario(scenario, {"persistent": args.interval_s})
+        if args.policy in ("adaptive", "controller"):
+            raise InputError(
+                f"--policy {args.policy} is not modelled with [[failure_class]] tables yet; "
+                "give --interval-s, or --policy young, daly or optimal"
+            )
+        from simulator.policies import PolicyContext, make_policy
+
+        ctx = PolicyContext.from_scenario(scenario, whole_job=True)
+        seconds = float(make_policy(args.policy).next_interval_s(ctx))
+        return TierSchedule.for_scenario(scenario, {"persistent": seconds})
     if args.policy or args.interval_s:
         raise InputError(
             "with [[tier]] tables give each tier's interval as --tier-interval-s NAME=SECONDS, "
             "not --policy or --interval-s"
         )
-    from simulator.tiers import TierSchedule, first_order_plan
 
     given = {}
     for text in args.tier_interval_s:
@@ -210,6 +227,14 @@ def _note_trace_end(summary: dict, result, failure_times) -> None:
         return
     span_h = float(failure_times[-1]) / 3600.0
     walls = result.records["wall_h"].to_numpy()
+    hitting = failure_times[failure_times > 0]
+    if hitting.size and float(hitting[0]) / 3600.0 > walls.max():
+        print(
+            f"warning: no failure of the trace came within any replica's wall time (the first "
+            f"is {float(hitting[0]) / 3600.0:,.1f} h in; the longest replica ran "
+            f"{walls.max():,.1f} h): is --unit right? (numbers are hours unless --unit says)",
+            file=sys.stderr,
+        )
     past = int((walls > span_h).sum())
     summary["trace_span_h"] = span_h
     summary["replicas_past_trace_end"] = past

@@ -20,6 +20,7 @@ from simulator.cli.common import (
     add_workers_flag,
     as_flags,
     positive_int,
+    refuse_tiers,
     require_failure_rate,
     require_work,
     scenario_from_args,
@@ -132,6 +133,7 @@ def run(args) -> int:
 
     out = output_path(args, TABLE_SUFFIXES)  # before the work, not after it
     base = scenario_from_args(args)
+    refuse_tiers(base, "sweep")
     axes = {}
     for text in args.vary:
         field, values = parse_axis(text)
@@ -162,7 +164,8 @@ def run(args) -> int:
             ) from None
         require_work(sc, "a sweep")
         require_failure_rate(sc)
-        engine = choose_engine(sc, args.engine)
+        learner = next((p for p in pols if getattr(p, "learns", False)), None)
+        engine = choose_engine(sc, args.engine, learner)
         point = budget.estimate(
             sc, budget.policy_intervals(sc, pols), args.replicas, engine=engine, workers=1
         )
