@@ -230,6 +230,8 @@ def test_an_async_write_error_surfaces_on_the_next_step_and_keeps_the_last_good(
     backend = FailingBackend()
     ck = checkpointer(tmp_path, model, opt, sched, backend=backend, async_save=True)
     ck.save(1)
+    if ck._inflight is not None:  # step 1 is written before the disk fills (a loaded CI
+        ck._inflight.result()  # machine started its background write after the next line)
     backend.fail = True
     ck.save(2)  # returns once staged; the write fails in the background
     ck._inflight.exception()  # wait for the background thread, as time passing would
