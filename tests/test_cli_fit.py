@@ -300,13 +300,19 @@ def test_an_end_that_is_not_a_finite_time_is_one_line(capsys, tmp_path):
     assert code == 2 and out == "" and "finite" in err and len(err.strip().splitlines()) == 1
 
 
-def test_an_end_centuries_past_the_log_is_one_line_not_an_overflow(capsys, tmp_path):
-    # The CLI fuzz found --end 1e300 (and 1e12 h) raising OverflowError out of the CI math.
+def _eight_failures(tmp_path):
+    """Eight failures of three nodes over two weeks: the CLI fuzz's own timestamp log."""
     log = tmp_path / "t.csv"
     rows = [f"2024-01-{d:02d}T{h:02d}:00:00,{n}" for d, h, n in [
         (1, 3, 1), (2, 7, 2), (4, 1, 1), (5, 9, 3), (8, 2, 2), (9, 5, 1), (12, 8, 3), (15, 4, 2)
     ]]  # fmt: skip
     log.write_text("time,node\n" + "\n".join(rows) + "\n")
+    return log
+
+
+def test_an_end_centuries_past_the_log_is_one_line_not_an_overflow(capsys, tmp_path):
+    # The CLI fuzz found --end 1e300 (and 1e12 h) raising OverflowError out of the CI math.
+    log = _eight_failures(tmp_path)
     for end in ("1e300", "1e12", "2200-01-01"):
         code, out, err = run_cli(capsys, log, "--end", end)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
@@ -317,11 +323,7 @@ def test_an_end_centuries_past_the_log_is_one_line_not_an_overflow(capsys, tmp_p
 def test_a_best_fit_no_simulation_can_sample_gives_way_to_the_next_best(capsys, tmp_path):
     # A long censored tail makes lognormal win with sigma above 5, which --failure refuses:
     # --scenario-out was a one-line refusal and no scenario; now the next best, said so.
-    log = tmp_path / "t.csv"
-    rows = [f"2024-01-{d:02d}T{h:02d}:00:00,{n}" for d, h, n in [
-        (1, 3, 1), (2, 7, 2), (4, 1, 1), (5, 9, 3), (8, 2, 2), (9, 5, 1), (12, 8, 3), (15, 4, 2)
-    ]]  # fmt: skip
-    log.write_text("time,node\n" + "\n".join(rows) + "\n")
+    log = _eight_failures(tmp_path)
     out = tmp_path / "s.toml"
     code, _, err = run_cli(capsys, log, "--end", "2100-01-01", "--scenario-out", str(out))
     assert code == 0, err
