@@ -12,6 +12,8 @@ agreement tests check this over every failure family, policy and trace replay).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -38,15 +40,19 @@ def fast_refusal(scenario: Scenario) -> str | None:
     return None
 
 
-def choose_engine(scenario: Scenario, engine: str = "auto", policy=None) -> str:
-    """``des`` or ``fast``: the fast engine where it applies under ``auto``, else the DES."""
+def choose_engine(scenario: Scenario, engine: str = "auto", policies: Iterable = ()) -> str:
+    """``des`` or ``fast``: the fast engine where it applies under ``auto``, else the DES.
+
+    ``policies``: what will run; one that learns from the failures it meets (the controller's)
+    needs the DES."""
     if engine not in ENGINES:
         raise InputError(f"engine must be auto, des or fast, got {engine!r}")
     why = fast_refusal(scenario)
-    if why is None and getattr(policy, "learns", False):
+    learner = next((p for p in policies if getattr(p, "learns", False)), None)
+    if why is None and learner is not None:
         why = (
-            f"the {policy.name} policy learns from the failures a replica meets, which the fast "
-            "engine (one interval per age, drawn up front) cannot feed it; use the DES "
+            f"the {learner.name} policy learns from the failures a replica meets, which the "
+            "fast engine (one interval per age, drawn up front) cannot feed it; use the DES "
             "(--engine des)"
         )
     if engine == "fast" and why is not None:
@@ -89,7 +95,7 @@ def simulate(
 ) -> SimulationResult:
     """``replicas`` replicas on the chosen engine; ``meta["engine"]`` says which ran."""
     policy = make_policy(policy) if isinstance(policy, str) else policy
-    which = choose_engine(scenario, engine, policy)
+    which = choose_engine(scenario, engine, [policy])
     if which == "des":
         from simulator import montecarlo  # SimPy: imported only when the DES runs
 

@@ -91,11 +91,9 @@ def _objective_name(scenario: Scenario, objective: str) -> str:
 
 
 def _engine(scenario: Scenario, engine: str, policies: Sequence[Policy] = ()) -> str:
-    """The engine for these policies: one that learns (the controller's) needs the DES."""
     from simulator.engine import choose_engine
 
-    learner = next((p for p in policies if getattr(p, "learns", False)), None)
-    return choose_engine(scenario, engine, learner)
+    return choose_engine(scenario, engine, policies)
 
 
 def _des_replica(scenario: Scenario, policy: Policy, seed, failure_times=None) -> dict:

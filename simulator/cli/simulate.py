@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         policy = dataclasses.replace(policy, prior_mtbf_s=args.prior_mtbf_h * 3600.0)
     workers = workers_for(args, args.replicas, "ckptsim simulate")
     intervals = budget.policy_intervals(scenario, [policy])
-    engine = choose_engine(scenario, args.engine, policy)
+    engine = choose_engine(scenario, args.engine, [policy])
     est = budget.estimate(scenario, intervals, args.replicas, engine=engine, workers=workers)
     enforce_budget(args, est, workers)
     result = simulate(

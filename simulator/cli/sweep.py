@@ -164,8 +164,7 @@ def run(args) -> int:
             ) from None
         require_work(sc, "a sweep")
         require_failure_rate(sc)
-        learner = next((p for p in pols if getattr(p, "learns", False)), None)
-        engine = choose_engine(sc, args.engine, learner)
+        engine = choose_engine(sc, args.engine, pols)
         point = budget.estimate(
             sc, budget.policy_intervals(sc, pols), args.replicas, engine=engine, workers=1
         )
