@@ -121,9 +121,7 @@ def _exposed_save_s(scenario: Scenario) -> float:
     """Seconds from a snapshot until it is safe: the stall, plus the write behind it when the
     save is asynchronous. An asynchronous save commits each snapshot no later than a
     synchronous save stalling this long would, so Daly's wall time with it bounds the job's."""
-    if scenario.async_checkpoint:
-        return scenario.save_stall_s + scenario.checkpoint_write_s
-    return scenario.save_stall_s
+    return scenario.save_stall_s + scenario.background_write_s
 
 
 def _wall_s(scenario: Scenario, interval_s: float) -> float:
@@ -181,8 +179,8 @@ def estimate(
         detail=(
             f"a save of {scenario.save_stall_s:.3g} s"
             + (
-                f" whose write takes {scenario.checkpoint_write_s:.3g} s behind it"
-                if scenario.async_checkpoint
+                f" whose write takes {scenario.background_write_s:.3g} s behind it"
+                if scenario.background_write_s
                 else ""
             )
             + f" and a restart of {scenario.recovery_s:.3g} s "

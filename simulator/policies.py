@@ -112,7 +112,7 @@ class PolicyContext:
             checkpoint_s=scenario.save_stall_s,
             restart_s=scenario.recovery_s,
             age_s=age_s,
-            write_s=scenario.checkpoint_write_s if scenario.async_checkpoint else 0.0,
+            write_s=scenario.background_write_s,
         )
         if not scenario.has_mtbf:
             return cls(mtbf_s=math.inf, **base)

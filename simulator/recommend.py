@@ -31,13 +31,6 @@ __all__ = ["FORMULA_KEYS", "HOPELESS_WASTE", "recommend", "scenario_recovery_s",
 HOUR = 3600.0
 
 
-def _background_write_s(scenario) -> float | None:
-    """The write behind an async save's stall, seconds; None for a blocking save."""
-    if not getattr(scenario, "async_checkpoint", False):
-        return None
-    return float(scenario.checkpoint_write_s)
-
-
 def scenario_stall_s(scenario) -> float:
     """δ from a scenario: the staging copy of an async save, else the write (or checkpoint_s)."""
     return float(getattr(scenario, "save_stall_s", scenario.checkpoint_s))
@@ -163,8 +156,8 @@ def recommend(
 
 def _warnings(scenario, delta_s: float, mtbf_s: float, interval_s: float) -> list[str]:
     warnings = []
-    write_s = _background_write_s(scenario)
-    if write_s is not None and write_s > min(interval_s, mtbf_s):
+    write_s = getattr(scenario, "background_write_s", 0.0)
+    if write_s > min(interval_s, mtbf_s):
         what, bound = ("the interval", interval_s)
         if write_s > mtbf_s:
             what, bound = ("the system MTBF", mtbf_s)

@@ -368,6 +368,12 @@ class Scenario:
         return float(self.staging_s) if self.async_checkpoint else self.checkpoint_write_s
 
     @property
+    def background_write_s(self) -> float:
+        """The write an asynchronous save runs behind its stall, seconds (0 when saves block:
+        the write is the stall)."""
+        return self.checkpoint_write_s if self.async_checkpoint else 0.0
+
+    @property
     def load_s(self) -> float:
         """Time to load a checkpoint on restart, seconds (0 when no read bandwidth is given)."""
         if self.checkpoint_bytes is None or self.read_bytes_per_s is None:
