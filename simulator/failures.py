@@ -50,6 +50,7 @@ __all__ = [
     "LogNormal",
     "MinOf",
     "Weibull",
+    "empirical_path",
     "first_failure",
     "load_empirical",
     "long_run_rate",
@@ -284,11 +285,6 @@ class Empirical(Lifetime):
         self.tail_mean_s = float(tail_mean_s)
         self._cum = np.cumsum(self.probs)
 
-    @property
-    def samples(self) -> np.ndarray:
-        """The distinct failure times (seconds), in increasing order."""
-        return self.times
-
     def __repr__(self):
         return f"Empirical(n={self.n}, mean_s={self.mean_s:.6g}, tail_mass={self.tail_mass:.3g})"
 
@@ -468,6 +464,13 @@ _RANGE_REASON = {
 }
 
 
+def empirical_path(spec) -> str | None:
+    """The log an ``empirical:FILE`` spec names ("" when it names none); None for any other
+    spec. The one reading of the spec: ``parse_failure`` and scenario files share it."""
+    head, _, rest = str(spec).strip().partition(":")
+    return rest.strip() if head.strip().lower() == "empirical" else None
+
+
 def load_empirical(path: str) -> Empirical:
     """The lifetimes of the failure log at ``path`` (read once per version of the file)."""
     import os
@@ -513,11 +516,11 @@ def parse_failure(spec: str, mean_s: float) -> Lifetime:
     families take the mean from the scenario: the log says how lifetimes are spread, the
     scenario how long they are.
     """
-    head, sep, rest = str(spec).strip().partition(":")
-    if head.strip().lower() == "empirical":
-        if not sep or not rest.strip():
+    path = empirical_path(spec)
+    if path is not None:
+        if not path:
             raise InputError("empirical lifetimes need a failure log: empirical:FILE")
-        return load_empirical(rest.strip()).with_mean(_positive("MTBF", mean_s))
+        return load_empirical(path).with_mean(_positive("MTBF", mean_s))
     m = _SPEC.match(str(spec).lower())
     family = m.group("family") if m else None
     if family not in _FAMILIES:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.failures import Lifetime, parse_failure
+from simulator.failures import Lifetime, empirical_path, parse_failure
 from simulator.tiers import FailureClass, Tier, parse_classes, parse_tiers, write_time_s
 
 __all__ = [
@@ -473,11 +473,9 @@ def _paths_from(data: dict[str, Any], folder: Path) -> None:
     for table in tables:
         for key in ("failure", "repair"):
             spec = table.get(key)
-            if not isinstance(spec, str):
-                continue
-            head, sep, rest = spec.strip().partition(":")
-            if head.strip().lower() == "empirical" and sep and rest.strip():
-                target = Path(rest.strip()).expanduser()
+            path = empirical_path(spec) if isinstance(spec, str) else None
+            if path:
+                target = Path(path).expanduser()
                 if not target.is_absolute():
                     table[key] = f"empirical:{folder / target}"
 
