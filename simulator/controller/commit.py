@@ -213,12 +213,12 @@ def reject(storage: Storage, name: str, why: str, reason: str, *, move: bool = T
     return f"{name}: {reason} (moved aside to {target})"
 
 
-def rejected_aside(storage: Storage) -> list[str]:
-    """Checkpoints an earlier restore moved aside (``step-N.rejected-*``)."""
+def rejected_aside(storage: Storage, step_of=checkpoint_step) -> list[str]:
+    """Checkpoints an earlier restore moved aside (``step-N.rejected-*``; ``step_of`` reads a
+    checkpoint's step from its name, None for any other name: the HF adapter's
+    ``checkpoint-N``)."""
     return [
-        n
-        for n in storage.list()
-        if REJECTED in n and checkpoint_step(n.split(REJECTED, 1)[0]) is not None
+        n for n in storage.list() if REJECTED in n and step_of(n.split(REJECTED, 1)[0]) is not None
     ]
 
 

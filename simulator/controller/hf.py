@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from simulator import ckptio
-from simulator.controller.commit import REJECTED, reject
+from simulator.controller.commit import reject, rejected_aside
 from simulator.controller.integrity import NoIntactCheckpoint
 from simulator.controller.storage import LocalStorage, delete_checkpoint, finish_deletions
 from simulator.errors import InputError
@@ -168,7 +168,8 @@ def latest_checkpoint(
             return str(folder)
         warnings.warn(f"skipping {folder}: {reason}", stacklevel=2)
         skipped.append(f"{folder.name}: {reason}")
-    skipped += [f"{name}: moved aside by an earlier launch" for name in _aside(Path(output_dir))]
+    aside = rejected_aside(LocalStorage(output_dir), step_of=_CHECKPOINT.match)
+    skipped += [f"{name}: moved aside by an earlier launch" for name in aside]
     if skipped and not allow_fresh_start:
         raise NoIntactCheckpoint(
             f"no complete checkpoint to resume from in {output_dir}: {'; '.join(skipped)}. "
@@ -176,17 +177,6 @@ def latest_checkpoint(
             "allow_fresh_start=True to start from step 0"
         )
     return None
-
-
-def _aside(output_dir: Path) -> list[str]:
-    """``checkpoint-N.rejected-*`` folders: moved aside by an earlier launch, never deleted."""
-    if not output_dir.is_dir():
-        return []
-    return sorted(
-        e.name
-        for e in output_dir.iterdir()
-        if REJECTED in e.name and _CHECKPOINT.match(e.name.split(REJECTED, 1)[0])
-    )
 
 
 def _resumed_folder(output_dir: Path, step: int) -> Path | None:
