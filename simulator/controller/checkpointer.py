@@ -558,10 +558,7 @@ class AdaptiveCheckpointer:
         try:
             step = self._load_newest()
         except (IncompatibleCheckpoint, NoIntactCheckpoint, UnsafeCheckpoint) as exc:
-            self.runlog.append(
-                "refused", session_s=self.clock() - self._session_start, reason=str(exc)
-            )
-            self._end_session()  # no "stop": the launch ended before training
+            self._refuse(str(exc))
             raise
         now = self.clock()
         self._mark_step, self._mark_t = step, now
@@ -770,6 +767,12 @@ class AdaptiveCheckpointer:
                 self._end_session("crashed", step=self._last_step)
             else:
                 self._end_session()
+
+    def _refuse(self, reason: str) -> None:
+        """This launch is refused before training (a restore's verdict, or a framework
+        adapter's): the run log's ``refused``, which is no evidence about the hardware, and the
+        session ends with no ``stop`` and nothing saved."""
+        self._end_session("refused", reason=reason)
 
     def _end_session(self, event: str | None = None, **fields) -> None:
         """Closed for good: no exit hook, the signal handlers put back, writes finished, the

@@ -434,8 +434,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
         problem = backend.broadcast(problem)  # and none trains on before they are moved
         if problem is not None:
             ckpt, self.checkpointer = self.checkpointer, None
-            ckpt.runlog.append("refused", session_s=0.0, reason=problem)
-            ckpt._end_session()
+            ckpt._refuse(problem)
             raise InputError(problem)
 
     def _start_problem(self, output_dir: Path, storage, begin_step: int) -> str | None:

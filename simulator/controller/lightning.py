@@ -451,8 +451,7 @@ class AdaptiveCheckpoint(_Callback):
         problem = strategy.broadcast(problem, src=0)
         if problem is not None:
             ckpt, self.checkpointer = self.checkpointer, None
-            ckpt.runlog.append("refused", session_s=0.0, reason=problem)
-            ckpt._end_session()
+            ckpt._refuse(problem)
             raise InputError(problem)
 
     def _warn_about_other_periodic_saves(self, trainer) -> None:
