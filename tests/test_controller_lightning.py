@@ -289,6 +289,20 @@ def test_a_newer_verified_folder_that_is_no_lightning_checkpoint_is_kept(tmp_pat
     assert (tmp_path / "step-00000014.rejected-foreign" / "notes.bin").read_bytes() == b"someone's"
 
 
+def test_a_resume_reads_the_restored_checkpoint_for_its_checksums_once(tmp_path, monkeypatch):
+    # latest_checkpoint verifies it; the callback's look at the newer ones must not read it
+    # again (a second full read of a checkpoint of hundreds of GB at every launch).
+    _fit(tmp_path, max_steps=10)
+    chosen = latest_checkpoint(tmp_path)
+    read = []
+    verify = ckptio.verify_checkpoint
+    monkeypatch.setattr(
+        ckptio, "verify_checkpoint", lambda d, *a, **k: (read.append(d), verify(d, *a, **k))[1]
+    )
+    _fit(tmp_path, chosen, max_steps=14)
+    assert chosen.parent not in read
+
+
 def test_a_relaunch_after_the_damaged_were_moved_aside_still_refuses(tmp_path):
     _fit(tmp_path, max_steps=8)
     for p in tmp_path.glob("step-*"):

@@ -37,6 +37,7 @@ from simulator.controller.integrity import (
     CheckpointWriteError,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
+    verify_once,
     write_manifest,
 )
 from simulator.controller.storage import (
@@ -278,7 +279,7 @@ def choose_checkpoint(
             )
             continue
         try:
-            ckptio.verify_checkpoint(root / name)
+            verify_once(root / name)
         except CorruptCheckpoint as exc:
             rejected[name] = reject(storage, name, "corrupt", str(exc), move=tidy)
             continue

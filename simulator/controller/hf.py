@@ -68,7 +68,7 @@ from pathlib import Path
 
 from simulator import ckptio
 from simulator.controller.commit import reject, rejected_aside
-from simulator.controller.integrity import NoIntactCheckpoint
+from simulator.controller.integrity import NoIntactCheckpoint, verify_once
 from simulator.controller.storage import LocalStorage, delete_checkpoint, finish_deletions
 from simulator.errors import InputError
 
@@ -114,15 +114,13 @@ def _why_not(step: int, folder: Path) -> str | None:
         return "it is a symlink (never followed)"
     if not folder.is_dir():
         return "it is not a folder"
-    if _fingerprint(folder) in _VERIFIED:
-        return None  # verified by latest_checkpoint in this process, no file changed since
     if not (folder / ckptio.MANIFEST).is_file():
         return (
             f"no completion marker ({ckptio.MANIFEST}): the save was interrupted, or "
             "AdaptiveSaveCallback did not write it"
         )
     try:
-        ckptio.verify_checkpoint(folder)
+        verify_once(folder)  # a folder this process verified unchanged is not read again
         state = json.loads((folder / _TRAINER_STATE).read_bytes())
         if state.get("global_step") != step:
             return f"{_TRAINER_STATE} holds step {state.get('global_step')!r}, not {step}"
@@ -130,23 +128,7 @@ def _why_not(step: int, folder: Path) -> str | None:
         return str(exc)
     except (OSError, ValueError, AttributeError) as exc:
         return f"{_TRAINER_STATE} is unreadable: {exc}"
-    _VERIFIED.add(_fingerprint(folder))
     return None
-
-
-_VERIFIED: set[tuple] = set()
-"""Folders whose CRCs this process checked, by :func:`_fingerprint`: the callback's check of
-the folder a run starts from then costs no second read of a checkpoint just verified."""
-
-
-def _fingerprint(folder: Path) -> tuple:
-    """The folder and each file's name, size and modification time: an edit in place changes
-    the file's, not the folder's (a byte flipped after a check is caught)."""
-    files = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        st = entry.stat(follow_symlinks=False)
-        files.append((entry.name, st.st_size, st.st_mtime_ns, st.st_ino))
-    return (str(folder.resolve()), tuple(files))
 
 
 def latest_checkpoint(

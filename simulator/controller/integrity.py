@@ -54,6 +54,39 @@ class CheckpointLocked(InputError):
     """Another live process (named by pid and host) has the checkpoint directory open."""
 
 
+_VERIFIED: set[tuple] = set()
+"""Checkpoints whose checksums this process verified, by :func:`_fingerprint`."""
+
+
+def _fingerprint(folder: Path) -> tuple:
+    """The folder and every file under it, by name, size, modification and change times and
+    inode: an edit in place changes the file's times, not the folder's (a byte flipped after a
+    check is caught), and resetting the modification time changes the change time. What it
+    cannot see is what the checksums exist for: a byte that rots in place changes no time, so
+    only a checkpoint verified in this very process is trusted, never one from an earlier one.
+    """
+    files = []
+    for top, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            st = os.lstat(os.path.join(top, name))
+            files.append((os.path.relpath(os.path.join(top, name), folder), st.st_size,
+                          st.st_mtime_ns, st.st_ctime_ns, st.st_ino))  # fmt: skip
+    return (str(Path(folder).resolve()), tuple(files))
+
+
+def verify_once(folder: Path) -> None:
+    """``ckptio.verify_checkpoint``, skipped for a checkpoint this process verified before
+    and that no file has changed since: a resume's choice (``latest_checkpoint``, a restore)
+    and the check that follows it in the same launch read a checkpoint of hundreds of GB
+    once, not twice. Raises what ``verify_checkpoint`` raises."""
+    key = _fingerprint(folder)
+    if key in _VERIFIED:
+        return
+    ckptio.verify_checkpoint(folder)
+    _VERIFIED.add(key)
+
+
 def write_manifest(root: Path) -> dict:
     """Checksum every file under ``root`` into a ckptio manifest, written last and fsynced.
 

@@ -427,9 +427,6 @@ class AdaptiveCheckpoint(_Callback):
         problem = None
         if trainer.is_global_zero:
             storage = LocalStorage(self.directory)
-            _, rejected = choose_checkpoint(self.directory, storage, None, tidy=True)
-            for line in rejected.values():
-                warnings.warn(f"{line}; never deleted", stacklevel=3)
             restored = Path(trainer.ckpt_path) if trainer.ckpt_path else None
             named = restored.parent.name if restored is not None else ""
             mismatch = None
@@ -440,19 +437,32 @@ class AdaptiveCheckpoint(_Callback):
                 if restored.parent.resolve() == (self.directory / named).resolve():
                     line = reject(storage, named, "misnamed", mismatch)  # ours: set aside
                 problem = f"refusing to train on from {restored}: {line}; relaunch to resume"
-            # Whatever newer is left verified but is no Lightning checkpoint (latest_checkpoint
-            # skipped it): a save of its step would replace it, so it goes aside too.
-            for name in [] if problem else storage.list():
-                step = checkpoint_step(name)
-                if step is not None and step > trainer.global_step and not storage.is_symlink(name):
-                    why = f"no {CHECKPOINT_FILE} in it (not a Lightning checkpoint)"
-                    line = reject(storage, name, "foreign", why)
-                    warnings.warn(f"{line}; never deleted", stacklevel=3)
+            else:
+                self._set_aside_newer(storage, trainer.global_step)
         problem = strategy.broadcast(problem, src=0)
         if problem is not None:
             ckpt, self.checkpointer = self.checkpointer, None
             ckpt._refuse(problem)
             raise InputError(problem)
+
+    def _set_aside_newer(self, storage: LocalStorage, step: int) -> None:
+        """Move aside every checkpoint newer than ``step``, by the core's rules and reasons
+        (``commit.choose_checkpoint``); those up to ``step`` (the restored one among them,
+        verified by ``latest_checkpoint`` just before) are not read again. A newer one that
+        verifies is no Lightning checkpoint (``latest_checkpoint`` skipped it): aside too."""
+        skip = {n for n in storage.list() if (checkpoint_step(n) or 0) <= step}
+        while True:
+            name, rejected = choose_checkpoint(
+                self.directory, storage, None, tidy=True, skip=frozenset(skip)
+            )
+            for line in rejected.values():
+                warnings.warn(f"{line}; never deleted", stacklevel=4)
+            skip |= set(rejected)
+            if name is None:
+                return
+            why = f"no {CHECKPOINT_FILE} in it (not a Lightning checkpoint)"
+            warnings.warn(f"{reject(storage, name, 'foreign', why)}; never deleted", stacklevel=4)
+            skip.add(name)
 
     def _warn_about_other_periodic_saves(self, trainer) -> None:
         from lightning.pytorch.callbacks import ModelCheckpoint
