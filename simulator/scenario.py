@@ -225,17 +225,13 @@ class Scenario:
                 )
 
     def _own_save_as_a_tier(self) -> Tier:
-        """The scenario's checkpoint fields as one persistent tier surviving every class."""
-        by_bytes = self.checkpoint_bytes is not None and (
-            self.write_bytes_per_s_per_node is not None or self.storage_bytes_per_s is not None
-        )
+        """The scenario's save as one persistent tier surviving every class: its write time is
+        the scenario's own (``checkpoint_write_s``: bytes, bandwidths, writer nodes and the
+        default storage cap, one rule), its restore the scenario's load time."""
         tier = Tier(
             name="persistent",
             survives=frozenset(c.name for c in self.failure_classes),
-            checkpoint_s=None if by_bytes else self.checkpoint_s,
-            checkpoint_bytes=self.checkpoint_bytes if by_bytes else None,
-            write_bytes_per_s_per_node=self.write_bytes_per_s_per_node if by_bytes else None,
-            storage_bytes_per_s=self.storage_bytes_per_s if by_bytes else None,
+            checkpoint_s=self.checkpoint_write_s,
             restore_s=self.load_s,
             asynchronous=self.async_checkpoint,
             staging_s=self.staging_s,

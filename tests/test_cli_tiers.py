@@ -203,3 +203,15 @@ def test_a_relative_empirical_path_in_a_file_is_read_from_the_files_folder(
                          "--replicas", "2", "--workers", "1", "--json")  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["failure"].endswith("scenarios/log.csv")
+
+
+def test_the_implicit_tier_writes_as_long_as_the_scenarios_own_save():
+    # One rule for the write time: bytes over the writer nodes' bandwidth, capped by the
+    # storage default. The tier had its own (uncapped) rule and wrote 5x faster.
+    from simulator.scenario import Scenario
+
+    s = Scenario(
+        gpus=16384, checkpoint_bytes=5.67e12, write_bytes_per_s_per_node=5e9, work_h=100,
+        failure_classes=[{"name": "process", "gpu_mtbf_h": 50000}],
+    )  # fmt: skip
+    assert s.tiers[0].write_s(s.nodes) == s.checkpoint_write_s == pytest.approx(2.835)
