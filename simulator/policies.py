@@ -323,13 +323,20 @@ def make_policy(name: str, interval_s: float | None = None) -> Policy:
     """A policy by its command-line name (``interval_s`` given: a fixed interval)."""
     if interval_s is not None:
         return FixedInterval(interval_s)
-    table = {"young": Young, "daly": Daly, "optimal": ExactOptimal, "adaptive": Adaptive}
-    if name == "controller":
-        from simulator.controller.schedule import ControllerPolicy  # torch-free
-
-        return ControllerPolicy()
+    table = {
+        "young": Young,
+        "daly": Daly,
+        "optimal": ExactOptimal,
+        "adaptive": Adaptive,
+        "controller": _controller_policy,
+    }
     if name not in table:
         hint = " (fixed needs interval_s)" if name == "fixed" else ""
-        names = ", ".join([*table, "controller"])
-        raise InputError(f"unknown policy {name!r}{hint}; use one of {names}")
+        raise InputError(f"unknown policy {name!r}{hint}; use one of {', '.join(table)}")
     return table[name]()
+
+
+def _controller_policy() -> Policy:
+    from simulator.controller.schedule import ControllerPolicy  # torch-free; it imports us
+
+    return ControllerPolicy()

@@ -195,3 +195,11 @@ def test_asking_for_the_fast_engine_where_it_does_not_apply_is_one_line_and_stat
     err = captured.err.strip()
     assert captured.out == "" and len(err.splitlines()) == 1
     assert "does not model spares" in err and "--engine des" in err
+
+
+def test_the_policy_flag_offers_every_policy_the_package_names():
+    # Spelled out in the CLI so --help imports no numpy: the two lists must stay one.
+    from simulator.cli.simulate import POLICIES
+    from simulator.policies import POLICY_NAMES
+
+    assert set(POLICIES) == set(POLICY_NAMES) - {"fixed"}

@@ -27,6 +27,8 @@ from simulator.display import format_duration, format_usd
 from simulator.errors import InputError
 
 POLICIES = ("young", "daly", "optimal", "adaptive", "controller")
+"""simulator.policies.POLICY_NAMES less "fixed" (that is --interval-s), spelled out here so
+that building the parser imports no numpy or scipy (``ckptsim --help`` stays fast)."""
 
 DESCRIPTION = """\
 Simulate a training job on a failing cluster, many times over, and report the distribution

@@ -107,8 +107,7 @@ class ControllerPolicy:
             n_components=ctx.n_components,
             other_rate_per_s=ctx.other_rate_per_s,
         )
-        interval_s = float((self.inner or Adaptive()).next_interval_s(learned))
-        return after_the_write(interval_s, ctx.write_s) if ctx.write_s > 0 else interval_s
+        return after_the_write((self.inner or Adaptive()).next_interval_s(learned), ctx.write_s)
 
 
 @dataclass(frozen=True, kw_only=True)
