@@ -19,7 +19,7 @@ import numpy as np
 
 from simulator.errors import InputError
 
-__all__ = ["TraceFailures", "TraceStart", "read_trace", "trace_mtbf_s"]
+__all__ = ["TraceFailures", "TraceStart", "coverage", "read_trace", "trace_mtbf_s"]
 
 
 class TraceFailures:
@@ -45,6 +45,26 @@ class TraceFailures:
             return math.inf
         self._next += 1
         return self._times[self._next - 1]
+
+
+def coverage(failure_times, walls_h) -> dict | None:
+    """How replicas of ``walls_h`` hours sat in a trace replayed from its start (failure times
+    in seconds, an array; None for a per-replica window, ``TraceStart``, or no trace):
+    ``span_h`` to its last failure, ``first_h`` to its first after time 0 (None if none),
+    ``past_end`` replicas that ran beyond the last (optimistic: no failures came there),
+    ``longest_h`` and ``replicas``."""
+    if not isinstance(failure_times, np.ndarray) or not failure_times.size:
+        return None
+    walls = np.asarray(walls_h, dtype=float)
+    hitting = failure_times[failure_times > 0]
+    span_h = float(failure_times[-1]) / 3600.0
+    return {
+        "span_h": span_h,
+        "first_h": float(hitting[0]) / 3600.0 if hitting.size else None,
+        "past_end": int((walls > span_h).sum()),
+        "longest_h": float(walls.max()),
+        "replicas": int(walls.size),
+    }
 
 
 def read_trace(path, *, time_column: str | None = None, unit: str = "h") -> np.ndarray:

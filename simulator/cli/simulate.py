@@ -221,30 +221,28 @@ def _tier_schedule(args: argparse.Namespace, scenario):
 
 
 def _note_trace_end(summary: dict, result, failure_times) -> None:
-    """Warn when replicas outran a trace replayed from its first failure: past its end no
-    failures come, so those replicas are optimistic (the summary says how many)."""
-    import numpy as np
+    """Warn when replicas outran a trace replayed from its first failure (no failures past its
+    end: optimistic), or met none of it at all (is --unit right?); the summary counts them."""
+    from simulator.trace import coverage
 
-    if failure_times is None or not isinstance(failure_times, np.ndarray) or not failure_times.size:
+    got = coverage(failure_times, result.records["wall_h"].to_numpy())
+    if got is None:
         return
-    span_h = float(failure_times[-1]) / 3600.0
-    walls = result.records["wall_h"].to_numpy()
-    hitting = failure_times[failure_times > 0]
-    if hitting.size and float(hitting[0]) / 3600.0 > walls.max():
+    summary["trace_span_h"] = got["span_h"]
+    summary["replicas_past_trace_end"] = got["past_end"]
+    if got["first_h"] is not None and got["first_h"] > got["longest_h"]:
         print(
             f"warning: no failure of the trace came within any replica's wall time (the first "
-            f"is {float(hitting[0]) / 3600.0:,.1f} h in; the longest replica ran "
-            f"{walls.max():,.1f} h): is --unit right? (numbers are hours unless --unit says)",
+            f"is {got['first_h']:,.1f} h in; the longest replica ran {got['longest_h']:,.1f} h): "
+            "is --unit right? (numbers are hours unless --unit says)",
             file=sys.stderr,
         )
-    past = int((walls > span_h).sum())
-    summary["trace_span_h"] = span_h
-    summary["replicas_past_trace_end"] = past
-    if past:
+    if got["past_end"]:
         print(
-            f"warning: the trace's failures end {span_h:,.1f} h in, but {past} of {walls.size} "
-            f"replicas ran longer (up to {walls.max():,.1f} h) and met no failure after it: "
-            "their results are optimistic; replay a longer trace",
+            f"warning: the trace's failures end {got['span_h']:,.1f} h in, but "
+            f"{got['past_end']} of {got['replicas']} replicas ran longer (up to "
+            f"{got['longest_h']:,.1f} h) and met no failure after it: their results are "
+            "optimistic; replay a longer trace",
             file=sys.stderr,
         )
 
