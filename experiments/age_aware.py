@@ -18,10 +18,10 @@ import pandas as pd
 
 from experiments._report import Report, table
 from simulator import analytic, optimize
+from simulator.engines.results import goal_verdict
+from simulator.model.scenario import load_scenario
 from simulator.optimize import Scaled, paired_excess
 from simulator.policies import Adaptive, FixedInterval
-from simulator.results import goal_verdict
-from simulator.scenario import load_scenario
 
 REPLICAS = 300
 SEED = 70

@@ -12,9 +12,9 @@ import pandas as pd
 
 from experiments._report import Report, table
 from simulator import optimize
+from simulator.model.scenario import Scenario
 from simulator.optimize import paired_excess
 from simulator.policies import FixedInterval
-from simulator.scenario import Scenario
 
 REPLICAS = 40
 SEED = 44
@@ -88,7 +88,7 @@ per GPU), checkpoint write {BASE["checkpoint_s"]:g} s, restart {BASE["restart_s"
 {BASE["work_h"]:g} h of work. Async: staging stall {STAGING_S:g} s, the {BASE["checkpoint_s"]:g} s
 write in the background.
 
-Method: the discrete-event simulator (``simulator.des`` via ``montecarlo.run_replica``;
+Method: the discrete-event simulator (``simulator.engines.des`` via ``des_replicas.run_replica``;
 async saves are outside the fast engine's model). Optimum per mode by
 ``optimize.optimize_parameter`` ({REPLICAS} replicas, CRN, 9-point coarse grid 2 min–4 h,
 5-point fine grid, smoothed fit, 100-resample bootstrap CI); then the three intervals on

@@ -9,7 +9,7 @@ machine); ``--quick`` ~1 minute. ``--from-json PROFILE`` re-renders the report a
 the samples a profile JSON stores (refitting them), without touching the disk: a report can
 follow a change to the fit or the goal rule without a new measurement, and says so.
 
-Goals are judged per repeat at every measured size (``simulator.results.goal_verdict``): met
+Goals are judged per repeat at every measured size (``simulator.engines.results.goal_verdict``): met
 only when every size's whole 95 % interval meets the goal.
 
     python experiments/bench_checkpoint.py [--quick] [--dir DIR] [--machine cpu-2core]
@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:  # run as a script: make `simulator` importable
 
 from simulator.bench import BenchConfig, run_benchmark  # noqa: E402
 from simulator.bench.runner import BenchResult, summarise  # noqa: E402
-from simulator.costmodel import CostProfile  # noqa: E402
+from simulator.model.checkpoint_cost import CostProfile  # noqa: E402
 
 PASSES = {
     "full": [

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.render_only:
-        from simulator.costmodel import CostProfile
+        from simulator.model.checkpoint_cost import CostProfile
 
         name = f"bench-scale-{args.machine}"
         profile = CostProfile.load(args.reports / f"{name}.json")

@@ -40,13 +40,13 @@ import numpy as np
 import simpy
 
 from experiments._report import Report
-from simulator.des import ClusterJob, failure_source_for
-from simulator.failure_source import stationary_residual
-from simulator.fastmc import simulate_policies
-from simulator.montecarlo import replica_seed
+from simulator.engines.des import ClusterJob, failure_source_for
+from simulator.engines.des_replicas import replica_seed
+from simulator.engines.fast import simulate_policies
+from simulator.engines.streams import replica_streams
+from simulator.model.failure_source import stationary_residual
+from simulator.model.scenario import load_scenario
 from simulator.policies import ExactOptimal, PolicyContext
-from simulator.scenario import load_scenario
-from simulator.streams import replica_streams
 
 LLAMA = load_scenario("llama3").with_overrides(failure="weibull:shape=0.7")
 JOB_MTBF_H = LLAMA.system_mtbf_s / 3600.0

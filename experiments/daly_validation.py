@@ -16,10 +16,11 @@ import numpy as np
 import pandas as pd
 
 from experiments._report import Report, figure, table
-from simulator import analytic, fastmc, optimize, plots
+from simulator import analytic, optimize, plots
+from simulator.engines import fast
+from simulator.engines.results import goal_verdict
+from simulator.model.scenario import Scenario
 from simulator.policies import FixedInterval
-from simulator.results import goal_verdict
-from simulator.scenario import Scenario
 
 MTBF_H = 10.0
 RESTART_S = 600.0
@@ -48,7 +49,7 @@ def main() -> None:
         res = optimize.optimize_by_simulation(
             s, replicas=REPLICAS, seed=SEED + i, adaptive=False, bootstrap=200
         )
-        wall = fastmc.simulate_policies(
+        wall = fast.simulate_policies(
             s, [FixedInterval(exact)], replicas=REPLICAS, seed=SEED + 100 + i
         ).arrays["wall_s"][0]
         tw = float(analytic.daly_wall_time(exact, delta, mtbf, RESTART_S, s.work_s))
@@ -89,7 +90,7 @@ def main() -> None:
     inside = int(sum(abs(r["sim wall/Ts"] - r["T_w/Ts (Daly)"]) <= r["± (95%)"] for r in rows))
     rep.add(f"""
 Method: exponential failures, system MTBF M = {MTBF_H:g} h, restart R = {RESTART_S:g} s,
-δ = (δ/M)·M. For each δ/M the fast engine (``simulator.fastmc``, which reproduces the DES
+δ = (δ/M)·M. For each δ/M the fast engine (``simulator.engines.fast``, which reproduces the DES
 replica-for-replica on replayed traces — see tests/test_fastmc.py) runs {REPLICAS} replicas of
 a job of ≈200 MTBFs of work (a whole number of τ* segments, so Daly's T_w is the exact
 expectation). The optimum search (``optimize.optimize_by_simulation``): 13-point log grid

@@ -19,7 +19,7 @@ import pandas as pd
 from experiments._calibrate import largest_within, optimum
 from experiments._report import Report, table
 from simulator.display import format_usd
-from simulator.scenario import load_scenario
+from simulator.model.scenario import load_scenario
 
 PUBLISHED_EFFECTIVE = 0.90  # "higher than 90% effective training time"
 DELTAS_S = (3.0, 5.0, 10.0, 20.0, 30.0, 60.0)

@@ -13,7 +13,7 @@ import pandas as pd
 from experiments._report import Report, figure, table
 from simulator import optimize, plots
 from simulator.display import format_usd
-from simulator.scenario import load_scenario
+from simulator.model.scenario import load_scenario
 from simulator.sweep import parse_policy
 
 REPLICAS = 200

@@ -22,7 +22,7 @@ from experiments._calibrate import largest_within, lost_since_save_s, optimum
 from experiments._report import Report, table
 from simulator import analytic
 from simulator.display import format_usd
-from simulator.scenario import load_scenario
+from simulator.model.scenario import load_scenario
 
 HOUR = 3600.0
 WEEK_H = 7 * 24.0

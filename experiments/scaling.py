@@ -15,7 +15,7 @@ import pandas as pd
 
 from experiments._report import Report, figure, table
 from simulator import optimize, plots
-from simulator.scenario import load_scenario
+from simulator.model.scenario import load_scenario
 
 SIZES = [int(round(x, -2)) for x in np.geomspace(1000, 100000, 9)]
 REPLICAS = 100

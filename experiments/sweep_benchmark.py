@@ -15,7 +15,7 @@ import time
 import pandas as pd
 
 from experiments._report import REPORTS, Report
-from simulator.scenario import load_scenario
+from simulator.model.scenario import load_scenario
 from simulator.sweep import run_sweep, save_table
 
 AXES = {

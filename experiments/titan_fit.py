@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from simulator import fit, titan
-from simulator.failures import first_failure, system_mtbf_s
-from simulator.scenario import Scenario
+from simulator.fitting import fit, titan
+from simulator.model.failures import first_failure, system_mtbf_s
+from simulator.model.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "titan-fit.md"
@@ -196,8 +196,8 @@ def build_report(source: Path | None) -> str:
         "whether or not the GPU was later returned to service. GPUs without an event are "
         "right-censored at their last removal (proactive replacement, or lights-out on "
         "2019-08-01). Exponential, Weibull and lognormal lifetimes are fitted by maximum "
-        "likelihood with censoring (`simulator.fit`); 95% intervals are Wald intervals on the "
-        "log scale from a numerical Hessian of the log-likelihood; families are ranked by AIC. "
+        "likelihood with censoring (`simulator.fitting.fit`); 95% intervals are Wald intervals on "
+        "the log scale from a numerical Hessian of the log-likelihood; families are ranked by AIC. "
         "Service times are recorded at inventory times, which the paper (and this fit) treats "
         "as exact."
     )

@@ -1,7 +1,7 @@
 """Study 3 — Titan's real GPU failures: exponential vs Weibull, judged on the replayed trace.
 
-Both families are fitted (censored maximum likelihood, ``simulator.fit``) to the per-GPU
-lifetimes of the Titan supercomputer's 18,688 GPU slots (``simulator.titan``). Each model
+Both families are fitted (censored maximum likelihood, ``simulator.fitting.fit``) to the per-GPU
+lifetimes of the Titan supercomputer's 18,688 GPU slots (``simulator.fitting.titan``). Each model
 recommends an interval for a job on a random 8,192-slot subset: the exponential one by the
 closed form, the Weibull one by simulation (per-GPU renewal processes at equilibrium age).
 Then every recommendation — and the hourly habit — runs on the *real* failure times
@@ -15,10 +15,11 @@ import numpy as np
 import pandas as pd
 
 from experiments._report import Report, table
-from simulator import analytic, fit, optimize, titan
+from simulator import analytic, optimize
+from simulator.fitting import fit, titan
+from simulator.model.scenario import Scenario
 from simulator.optimize import paired_excess
 from simulator.policies import FixedInterval
-from simulator.scenario import Scenario
 
 GPUS = 8192
 WORK_H = 720.0

@@ -18,9 +18,9 @@ Baselines (Young, Daly, the exact exponential optimum, fixed 30 min / 1 h / 3 h)
 run on *fresh* seeds together with the optimum, so their excess cost is measured out of
 sample as paired differences with a t confidence interval.
 
-Engines: the vectorised ``simulator.fastmc`` for the plain model, the discrete-event
-``simulator.des`` (via ``simulator.montecarlo``) for anything else (async saves, spares,
-storage caps, node failures, trace replay).
+Engines: the vectorised ``simulator.engines.fast`` for the plain model, the discrete-event
+``simulator.engines.des`` (via ``simulator.engines.des_replicas``) for anything else (async
+saves, spares, storage caps, node failures, trace replay).
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from simulator import analytic, fastmc
+from simulator import analytic
+from simulator.engines import fast
+from simulator.engines.results import mean_ci
 from simulator.errors import InputError
+from simulator.model.scenario import Scenario
 from simulator.policies import (
     USUAL_INTERVALS,
     Adaptive,
@@ -44,8 +47,6 @@ from simulator.policies import (
     PolicyContext,
     Young,
 )
-from simulator.results import mean_ci
-from simulator.scenario import Scenario
 
 __all__ = [
     "BASELINES",
@@ -91,15 +92,15 @@ def _objective_name(scenario: Scenario, objective: str) -> str:
 
 
 def _engine(scenario: Scenario, engine: str, policies: Sequence[Policy] = ()) -> str:
-    from simulator.engine import choose_engine
+    from simulator.engines.choose import choose_engine
 
     return choose_engine(scenario, engine, policies)
 
 
 def _des_replica(scenario: Scenario, policy: Policy, seed, failure_times=None) -> dict:
-    from simulator import montecarlo  # the DES: imported only when needed (SimPy)
+    from simulator.engines import des_replicas  # the DES: imported only when needed (SimPy)
 
-    rec = montecarlo.run_replica(scenario, policy, seed, failure_times=failure_times)
+    rec = des_replicas.run_replica(scenario, policy, seed, failure_times=failure_times)
     row = {k[:-2] + "_s": rec[k] * 3600.0 for k in rec if k.endswith("_h")}
     row.update(failures=rec["failures"], checkpoints=rec["checkpoints"])
     price = scenario.usd_per_gpu_hour
@@ -129,14 +130,14 @@ def evaluate(
     """Per-replica outcomes of each policy, arrays of shape (policies, replicas).
 
     Replica r uses the same seed for every policy (common random numbers); with the DES it
-    is ``montecarlo.replica_seed(seed, r)``. ``failure_times`` replays a trace (see
-    ``montecarlo.simulate``). On the DES, ``workers`` processes (None: every core) share the
-    (policy, replica) runs, stopped at once by Ctrl-C (``simulator.workers``); ``bar`` (a
+    is ``des_replicas.replica_seed(seed, r)``. ``failure_times`` replays a trace (see
+    ``des_replicas.simulate``). On the DES, ``workers`` processes (None: every core) share the
+    (policy, replica) runs, stopped at once by Ctrl-C (``simulator.engines.workers``); ``bar`` (a
     tqdm bar) advances by one per run. Results do not depend on ``workers``.
     """
     engine = _engine(scenario, engine, policies)
     if engine == "fast":
-        res = fastmc.simulate_policies(
+        res = fast.simulate_policies(
             scenario,
             policies,
             replicas=replicas,
@@ -147,13 +148,13 @@ def evaluate(
         if bar is not None:
             bar.update(len(policies) * replicas)
         return res
-    from simulator.workers import run_tasks, worker_count
+    from simulator.engines.workers import run_tasks, worker_count
 
-    seeds = fastmc.replica_seeds(seed, replicas)
-    out = {k: np.full((len(policies), replicas), np.nan) for k in fastmc.FIELDS}
+    seeds = fast.replica_seeds(seed, replicas)
+    out = {k: np.full((len(policies), replicas), np.nan) for k in fast.FIELDS}
 
     def store(i: int, r: int, row: dict) -> None:
-        for k in fastmc.FIELDS:
+        for k in fast.FIELDS:
             if k in row:
                 out[k][i, r] = row[k]
 

@@ -2,7 +2,7 @@
 
 A policy maps what is known now — the save stall δ, the restart cost R, the failure model or
 the current estimate of the failure rate, and the time since the last restart — to the compute
-time until the next save. The simulator (``simulator.des``) and the live-training controller
+time until the next save. The simulator (``simulator.engines.des``) and the live-training controller
 (``simulator.controller``) call the very same objects, so what is simulated is what runs.
 Policies are pure: no SimPy, no torch, no clocks.
 
@@ -23,10 +23,10 @@ import numpy as np
 
 from simulator import analytic
 from simulator.errors import InputError
-from simulator.failures import Exponential, Lifetime, Weibull
+from simulator.model.failures import Exponential, Lifetime, Weibull
 
 if TYPE_CHECKING:
-    from simulator.scenario import Scenario
+    from simulator.model.scenario import Scenario
 
 __all__ = [
     "POLICY_NAMES",

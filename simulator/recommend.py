@@ -55,7 +55,8 @@ def recommend(
     ``source`` says where the scenario came from. Money needs ``gpus`` and
     ``usd_per_gpu_hour``; expected wall time needs ``work_h``.
     """
-    from simulator import analytic, cost
+    from simulator import analytic
+    from simulator.model import money
 
     if step_s is not None and not (math.isfinite(step_s) and step_s > 0):
         raise InputError(f"step_s must be a positive number of seconds, got {step_s!r}")
@@ -65,7 +66,7 @@ def recommend(
     delta_s = scenario_stall_s(scenario) if checkpoint_s is None else float(checkpoint_s)
     restart_s = scenario_recovery_s(scenario)
     work_h, gpus, price = scenario.work_h, scenario.gpus, scenario.usd_per_gpu_hour
-    money = gpus is not None and price is not None
+    priced = gpus is not None and price is not None
 
     candidates = [
         ("young", "Young (1974)", analytic.young_interval(delta_s, mtbf_s)),
@@ -88,10 +89,10 @@ def recommend(
             row["steps"] = interval_s / step_s
         if work_h is not None:
             row["expected_wall_h"] = float(
-                cost.expected_wall_h(interval_s, delta_s, mtbf_s, restart_s, work_h)
+                money.expected_wall_h(interval_s, delta_s, mtbf_s, restart_s, work_h)
             )
-        if money:
-            row["usd_lost_per_day"] = float(cost.usd_lost_per_day(gpus, price, waste))
+        if priced:
+            row["usd_lost_per_day"] = float(money.usd_lost_per_day(gpus, price, waste))
         return row
 
     rows = [evaluate(*c) for c in candidates]
@@ -101,7 +102,7 @@ def recommend(
         row["excess_waste_fraction"] = max(0.0, row["waste_fraction"] - best["waste_fraction"])
         if work_h is not None:
             row["excess_wall_h"] = max(0.0, row["expected_wall_h"] - best["expected_wall_h"])
-        if money:
+        if priced:
             excess = row["usd_lost_per_day"] - best["usd_lost_per_day"]
             row["excess_usd_per_day"] = max(0.0, excess)
 
@@ -125,8 +126,8 @@ def recommend(
     if work_h is not None:
         result["work_h"] = work_h
         result["expected_wall_h"] = best["expected_wall_h"]
-    if money:
-        day = cost.daily_cost(
+    if priced:
+        day = money.daily_cost(
             gpus=gpus,
             usd_per_gpu_hour=price,
             waste_fraction=best["waste_fraction"],
@@ -139,7 +140,7 @@ def recommend(
         result["usd_lost_per_day"] = day.lost_usd
         result["storage_usd_per_day"] = day.storage_usd
         if work_h is not None:
-            job = cost.job_cost(
+            job = money.job_cost(
                 gpus=gpus,
                 usd_per_gpu_hour=price,
                 work_h=work_h,
@@ -197,20 +198,20 @@ def _recommendation(result: dict[str, Any]) -> str:
             f"{format_duration(result['system_mtbf_s'])}). Make saves and restarts cheaper or "
             "failures rarer first."
         )
-    money = "usd_lost_per_day" in best
+    priced = "usd_lost_per_day" in best
     text = f"Recommendation: save every {format_duration(best['interval_s'])} of compute"
     if "steps" in best:
         text += f" (every {format_steps(best['steps'])} steps)"
     text += f": {format_percent(best['waste_fraction'])} waste"
-    if money:
+    if priced:
         text += f", {format_usd(best['usd_lost_per_day'])}/day lost"
     defaults = [r for r in rows if r["key"] not in FORMULA_KEYS]
     closest = min(defaults, key=lambda r: r["waste_fraction"])
-    if money and closest["excess_usd_per_day"] >= 0.5:
+    if priced and closest["excess_usd_per_day"] >= 0.5:
         excess = f"loses {format_usd(closest['excess_usd_per_day'])}/day more"
     elif "excess_wall_h" in closest and not closest["excess_wall_h"] < 0.05:
         excess = f"takes {format_hours(closest['excess_wall_h'])} longer"
-    elif not money and closest["excess_waste_fraction"] >= 5e-5:
+    elif not priced and closest["excess_waste_fraction"] >= 5e-5:
         excess = f"wastes {100 * closest['excess_waste_fraction']:.2f} points more"
     else:
         excess = "is as good"

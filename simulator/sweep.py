@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator import fastmc
+from simulator.engines import fast
+from simulator.engines.results import check_replicas, mean_ci
+from simulator.engines.streams import run_seed
 from simulator.errors import InputError
+from simulator.model.scenario import Scenario
 from simulator.optimize import _first_interval, evaluate
 from simulator.policies import FixedInterval, Policy, make_policy
-from simulator.results import check_replicas, mean_ci
-from simulator.scenario import Scenario
-from simulator.streams import run_seed
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -174,7 +174,7 @@ def _bar(total: int, progress: bool, desc: str):
 
 
 def _run_local(tasks, workers, progress):
-    from simulator.workers import run_tasks, worker_count
+    from simulator.engines.workers import run_tasks, worker_count
 
     workers = worker_count(workers, len(tasks))
     results = []
@@ -185,7 +185,7 @@ def _run_local(tasks, workers, progress):
                 bar.update()
             return results
         chunk = max(1, len(tasks) // (workers * 8))
-        # Ctrl-C or a failing point kills the workers at once (simulator.workers).
+        # Ctrl-C or a failing point kills the workers at once (simulator.engines.workers).
         for r in run_tasks(_run_task, tasks, workers, chunksize=chunk):
             results.append(r)
             bar.update()
@@ -252,7 +252,7 @@ def save_table(df, path: str | Path) -> Path:
 
 def engine_for(base: Scenario) -> str:
     """The engine a sweep over ``base`` uses by default (for reports)."""
-    return "fast" if fastmc.fast_supported(base) else "des"
+    return "fast" if fast.fast_supported(base) else "des"
 
 
 # -- the optimum across scenarios ---------------------------------------------------------
@@ -281,7 +281,7 @@ def optimum_table(
     import pandas as pd
 
     rows = []
-    seeds = fastmc.replica_seeds(seed, len(values))
+    seeds = fast.replica_seeds(seed, len(values))
     with _bar(len(values), progress, f"optimum over {field}") as bar:
         for v, ss in zip(values, seeds, strict=True):
             sc = base.with_overrides(**{field: v})

@@ -14,8 +14,8 @@ from simulator.bench import FORMATS, BenchConfig, build_state, parse_size, run_b
 from simulator.bench import formats as fmt_io
 from simulator.bench.state import flatten, unflatten
 from simulator.cli import main
-from simulator.costmodel import CostProfile
 from simulator.errors import InputError
+from simulator.model.checkpoint_cost import CostProfile
 
 # DCP's async writer thread warns that it assumes a single process; that is what we mean.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -171,7 +171,7 @@ def test_huge_but_valid_numbers_print_in_scientific_notation(capsys):
 
 
 def test_workers_beyond_the_cores_are_capped_with_a_note(capsys):
-    from simulator.workers import available_cores
+    from simulator.engines.workers import available_cores
 
     code, _, err = run_cli(
         capsys, "simulate", *JOB[:4], "--replicas", "4", "--workers", "1000", "--json"

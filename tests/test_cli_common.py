@@ -6,7 +6,7 @@ import pytest
 
 from simulator.cli import build_parser, main
 from simulator.cli.common import scenario_flags, scenario_from_args
-from simulator.scenario import Scenario
+from simulator.model.scenario import Scenario
 
 SCENARIO_COMMANDS = ("optimize", "simulate", "sweep", "plot")
 

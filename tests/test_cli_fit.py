@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.failures import LogNormal, Weibull
+from simulator.model.failures import LogNormal, Weibull
 
 HOUR = 3600.0
 
@@ -333,12 +333,12 @@ def test_a_best_fit_no_simulation_can_sample_gives_way_to_the_next_best(capsys, 
 
 
 def test_outputs_that_cannot_be_written_are_refused_before_the_fit(capsys, tmp_path, monkeypatch):
-    import simulator.fit
+    import simulator.fitting.fit
 
     log = tmp_path / "t.csv"
     log.write_text("time\n1\n2\n5\n9\n12\n")
     fitted = []
-    monkeypatch.setattr(simulator.fit, "fit_log", lambda *a, **k: fitted.append(1))
+    monkeypatch.setattr(simulator.fitting.fit, "fit_log", lambda *a, **k: fitted.append(1))
     for flag, value in (("--scenario-out", "/proc/none/s.toml"), ("--plot", "p.xlsx")):
         code, out, err = run_cli(capsys, log, flag, value)
         assert code == 2 and out == "" and flag in err and len(err.strip().splitlines()) == 1

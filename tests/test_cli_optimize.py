@@ -9,8 +9,8 @@ import pytest
 from simulator import analytic
 from simulator.cli import main
 from simulator.cli.optimize import render
+from simulator.model.scenario import load_scenario
 from simulator.recommend import recommend
-from simulator.scenario import load_scenario
 
 HOUR = 3600.0
 

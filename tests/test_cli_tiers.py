@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from simulator.cli import main
-from simulator.scenario import load_scenario
-from simulator.tiers import first_order_plan
+from simulator.model.scenario import load_scenario
+from simulator.model.tiers import first_order_plan
 
 TWO_TIERS = """
 name = "two-tier"
@@ -208,7 +208,7 @@ def test_a_relative_empirical_path_in_a_file_is_read_from_the_files_folder(
 def test_the_implicit_tier_writes_as_long_as_the_scenarios_own_save():
     # One rule for the write time: bytes over the writer nodes' bandwidth, capped by the
     # storage default. The tier had its own (uncapped) rule and wrote 5x faster.
-    from simulator.scenario import Scenario
+    from simulator.model.scenario import Scenario
 
     s = Scenario(
         gpus=16384, checkpoint_bytes=5.67e12, write_bytes_per_s_per_node=5e9, work_h=100,

@@ -14,8 +14,8 @@ from simulator.controller import AdaptiveCheckpointer, LocalBackend
 from simulator.controller.runlog import RUNLOG
 from simulator.controller.state import flatten
 from simulator.controller.storage import checkpoint_name
+from simulator.model.scenario import Scenario
 from simulator.policies import Adaptive, FixedInterval
-from simulator.scenario import Scenario
 
 
 class FakeClock:

@@ -9,14 +9,14 @@ import pytest
 from scipy import stats
 
 from simulator import analytic
-from simulator.des import ClusterJob
+from simulator.engines.des import ClusterJob
+from simulator.engines.des_replicas import run_replica, simulate
 from simulator.errors import InputError
-from simulator.failure_source import ComponentFailures, MergedFailures
-from simulator.failures import Exponential, LogNormal, Weibull
-from simulator.montecarlo import run_replica, simulate
+from simulator.model.failure_source import ComponentFailures, MergedFailures
+from simulator.model.failures import Exponential, LogNormal, Weibull
+from simulator.model.scenario import Scenario
+from simulator.model.trace import TraceFailures
 from simulator.policies import FixedInterval
-from simulator.scenario import Scenario
-from simulator.trace import TraceFailures
 
 HOUR = 3600.0
 
@@ -357,7 +357,7 @@ def test_adaptive_in_the_des_counts_node_failures_in_the_jobs_rate():
 def test_adaptive_in_the_des_sees_a_job_level_lifetime_without_a_gpu_count():
     # Only the job's MTBF and its Weibull(0.5) shape are known. The DES is the reference, so
     # it must give the hazard-aware policy that lifetime, and agree with the fast engine.
-    from simulator import fastmc
+    from simulator.engines import fast
     from simulator.policies import Adaptive
 
     scenario = Scenario(
@@ -374,7 +374,7 @@ def test_adaptive_in_the_des_sees_a_job_level_lifetime_without_a_gpu_count():
     assert saves["adaptive"].mean() < 0.88 * saves["optimal"].mean()
     d = waste["optimal"] - waste["adaptive"]
     assert d.mean() > 4 * d.std(ddof=1) / math.sqrt(d.size)
-    fast = fastmc.simulate_policies(scenario, [Adaptive()], replicas=400, seed=12).arrays
-    f = fast["checkpoints"][0]
+    arrays = fast.simulate_policies(scenario, [Adaptive()], replicas=400, seed=12).arrays
+    f = arrays["checkpoints"][0]
     se = math.hypot(saves["adaptive"].std(ddof=1) / math.sqrt(30), f.std(ddof=1) / 20.0)
     assert abs(saves["adaptive"].mean() - f.mean()) < 4 * se

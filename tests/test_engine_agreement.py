@@ -2,7 +2,7 @@
 
 The matrix is every failure family (exponential, Weibull shape 0.5/0.7/2, lognormal) with the
 GPU count known (each GPU fails on its own) or not (a job-level lifetime), every policy, and
-trace replay. On each cell both engines run the same replicas (``simulator.streams``); the
+trace replay. On each cell both engines run the same replicas (``simulator.engines.streams``); the
 DES is the reference. A mean passes when |des − fast| < 4 combined standard errors plus a
 floor of 1e-6 of the work: trace cells replay identical failure times, so both engines give
 the same numbers up to float rounding and their difference has no Monte-Carlo error at all;
@@ -18,10 +18,10 @@ import math
 import numpy as np
 import pytest
 
-from simulator import engine
+from simulator.engines import choose
 from simulator.errors import InputError
+from simulator.model.scenario import Scenario
 from simulator.policies import make_policy
-from simulator.scenario import Scenario
 
 FAILURES = (
     "exponential",
@@ -55,7 +55,7 @@ def _trace(rng):
 def _means(scenario, policy, replicas, failure_times=None):
     out = {}
     for which in ("des", "fast"):
-        res = engine.simulate(
+        res = choose.simulate(
             scenario,
             _policy(policy),
             replicas=replicas,
@@ -132,11 +132,11 @@ DES_ONLY = {
 def test_cells_only_the_des_models_are_refused_by_the_fast_engine_with_the_reason(name):
     extra, field = DES_ONLY[name]
     s = Scenario(gpus=16, gpu_mtbf_h=96.0, checkpoint_s=300.0, restart_s=600.0, work_h=5.0, **extra)
-    assert engine.choose_engine(s, "auto") == "des"
+    assert choose.choose_engine(s, "auto") == "des"
     with pytest.raises(InputError, match=field):
-        engine.choose_engine(s, "fast")
+        choose.choose_engine(s, "fast")
     assert (
-        engine.simulate(s, "optimal", replicas=2, seed=0, workers=1, progress=False).meta["engine"]
+        choose.simulate(s, "optimal", replicas=2, seed=0, workers=1, progress=False).meta["engine"]
         == "des"
     )
 
@@ -149,24 +149,24 @@ def test_with_a_job_level_lifetime_both_engines_replay_the_same_failures_replica
     # One stream rule and one stationary-start sampler: the same seed is the same history.
     s = _scenario(None, failure)
     runs = [
-        engine.simulate(
+        choose.simulate(
             s, _policy(policy), replicas=12, seed=4, engine=e, workers=1, progress=False
         )
         for e in ("des", "fast")
     ]
-    des, fast = (r.records for r in runs)
+    des, fst = (r.records for r in runs)
     for key in ("wall_h", "lost_h", "checkpoint_h", "failures", "checkpoints"):
-        np.testing.assert_allclose(fast[key], des[key], rtol=1e-9, atol=1e-9, err_msg=key)
+        np.testing.assert_allclose(fst[key], des[key], rtol=1e-9, atol=1e-9, err_msg=key)
 
 
 @pytest.mark.parametrize("failure", FAILURES[1:])
 def test_every_gpu_starts_at_the_same_stationary_age_in_both_engines(failure):
-    from simulator import fastmc
-    from simulator.des import failure_source_for
-    from simulator.streams import replica_seeds, replica_streams
+    from simulator.engines import fast
+    from simulator.engines.des import failure_source_for
+    from simulator.engines.streams import replica_seeds, replica_streams
 
     s = _scenario(16, failure)
     seeds = replica_seeds(8, 5)
-    first_fast = fastmc.draw_failure_times(s, seeds, 2e6, "per_gpu")[:, 0]
+    first_fast = fast.draw_failure_times(s, seeds, 2e6, "per_gpu")[:, 0]
     first_des = [failure_source_for(s, *replica_streams(ss)[:2]).next_failure_s() for ss in seeds]
     np.testing.assert_allclose(first_fast, first_des, rtol=1e-12)

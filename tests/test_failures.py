@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scipy import integrate, stats
 
 from simulator.errors import InputError
-from simulator.failures import (
+from simulator.model.failures import (
     Empirical,
     Exponential,
     LogNormal,
@@ -212,7 +212,7 @@ def test_empirical_residual_lives_follow_the_conditional_survival():
 
 def test_empirical_stationary_residual_has_the_renewal_mean():
     # In equilibrium the remaining life has mean E[L^2] / (2 E[L]) (renewal theory).
-    from simulator.failure_source import stationary_residual
+    from simulator.model.failure_source import stationary_residual
 
     _, x, obs = _censored_weibull(n=2000)
     e = Empirical(x, obs)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from simulator.errors import InputError
-from simulator.failures import Exponential, LogNormal, Weibull
-from simulator.fit import best_fit, fit_all, fit_lifetime, fits_table, plot_survival
+from simulator.fitting.fit import best_fit, fit_all, fit_lifetime, fits_table, plot_survival
+from simulator.model.failures import Exponential, LogNormal, Weibull
 
 
 def censored_sample(life, n, seed, censor_max):

@@ -7,8 +7,8 @@ promises, so it is what is tested (at 0-90% independent censoring).
 import numpy as np
 import pytest
 
-from simulator.failures import LogNormal, Weibull
-from simulator.fit import fit_lifetime, km_check
+from simulator.fitting.fit import fit_lifetime, km_check
+from simulator.model.failures import LogNormal, Weibull
 
 HOUR = 3600.0
 

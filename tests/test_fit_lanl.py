@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator import lanl
-from simulator.fit import fit_lifetime
+from simulator.fitting import lanl
+from simulator.fitting.fit import fit_lifetime
 
 _ROOT = Path(__file__).resolve().parents[1]
 _REL = "shared/data/lanl/LA-UR-05-7318-failure-data-1996-2005.csv.xz"
@@ -67,7 +67,7 @@ def test_ckptsim_fit_on_a_lanl_system_gives_the_study_numbers(tmp_path, capsys):
     import pandas as pd
 
     from simulator.cli import main
-    from simulator.fit import fit_all
+    from simulator.fitting.fit import fit_all
 
     nl = lanl.node_lifetimes(lanl.load_table(), 20)
     log = tmp_path / "lanl20.csv"

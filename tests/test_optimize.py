@@ -8,8 +8,8 @@ from scipy import stats
 
 from simulator import analytic, optimize
 from simulator.errors import InputError
+from simulator.model.scenario import Scenario
 from simulator.policies import FixedInterval
-from simulator.scenario import Scenario
 
 SMALL = Scenario(
     gpus=1024,

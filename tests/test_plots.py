@@ -16,7 +16,7 @@ import pytest
 from simulator import optimize, plots
 from simulator.cli import main
 from simulator.errors import InputError
-from simulator.scenario import Scenario
+from simulator.model.scenario import Scenario
 
 S = Scenario(
     gpus=1024, mtbf_h=2.0, checkpoint_s=300.0, restart_s=600.0, work_h=100.0, usd_per_gpu_hour=2.0

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from scipy import integrate, optimize, stats
 
 from simulator import analytic
+from simulator.controller.estimate import FailureRatePosterior
 from simulator.errors import InputError
-from simulator.estimate import FailureRatePosterior
-from simulator.failures import Exponential, LogNormal, Weibull
+from simulator.model.failures import Exponential, LogNormal, Weibull
 from simulator.policies import (
     Adaptive,
     Daly,
@@ -210,7 +210,7 @@ def test_adaptive_with_one_component_is_the_same_whichever_parts_renew():
 
 # -- what a policy sees of a scenario -----------------------------------------------------
 def test_the_context_of_a_scenario_with_node_failures_carries_the_jobs_whole_rate():
-    from simulator.scenario import Scenario
+    from simulator.model.scenario import Scenario
 
     s = Scenario(gpus=2048, gpus_per_node=16, gpu_mtbf_h=1e5, node_mtbf_h=1e4, checkpoint_s=60.0)
     c = PolicyContext.from_scenario(s, age_s=600.0)
@@ -226,7 +226,7 @@ def test_the_context_of_a_scenario_with_node_failures_carries_the_jobs_whole_rat
 
 
 def test_the_context_of_a_job_level_lifetime_is_the_jobs_own_lifetime():
-    from simulator.scenario import Scenario
+    from simulator.model.scenario import Scenario
 
     s = Scenario(mtbf_h=4.0, failure="weibull:shape=0.5", checkpoint_s=600.0, restart_s=600.0)
     c = PolicyContext.from_scenario(s)

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import presets_check
 from experiments._calibrate import largest_within, lost_since_save_s, optimum
-from simulator.scenario import load_scenario
+from simulator.model.scenario import load_scenario
 
 
 @pytest.mark.parametrize(

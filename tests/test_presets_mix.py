@@ -9,7 +9,7 @@ import math
 import pytest
 
 from simulator.cli import main
-from simulator.scenario import load_scenario
+from simulator.model.scenario import load_scenario
 
 HOUR = 3600.0
 SNAPSHOT_S = 54 * 24 * HOUR  # Llama 3 (arXiv:2407.21783) §3.3.4: a 54-day snapshot

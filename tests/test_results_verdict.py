@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from simulator.display import format_duration, format_usd
+from simulator.engines.results import goal_verdict, mean_ci
 from simulator.errors import InputError
-from simulator.results import goal_verdict, mean_ci
 
 
 def test_a_goal_is_met_only_when_every_points_whole_interval_meets_it():

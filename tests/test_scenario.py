@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from simulator.errors import InputError
-from simulator.scenario import DEFAULT_PRESET, Scenario, load_scenario, preset_names
+from simulator.model.scenario import DEFAULT_PRESET, Scenario, load_scenario, preset_names
 
 HOUR = 3600.0
 
@@ -164,7 +164,7 @@ def test_the_jobs_mtbf_superposes_gpu_and_node_failures():
 def test_the_jobs_mtbf_is_the_mean_gap_of_the_failures_the_des_draws():
     import numpy as np
 
-    from simulator.des import failure_source_for
+    from simulator.engines.des import failure_source_for
 
     scenario = Scenario(**NODE_JOB)
     horizon = 20_000 * HOUR
@@ -186,7 +186,7 @@ def test_a_whole_job_mtbf_and_a_node_mtbf_are_not_both_given():
 
 
 def test_the_titan_record_preset_has_the_whole_records_failure_rate():
-    from simulator import titan
+    from simulator.fitting import titan
 
     events = titan.failure_events(0.0)  # every DBE/OTB event of the real trace
     scenario = load_scenario("titan-record")

@@ -9,7 +9,7 @@ import pytest
 
 from simulator import sweep
 from simulator.cli import main
-from simulator.scenario import Scenario
+from simulator.model.scenario import Scenario
 
 BASE = Scenario(
     gpus=512,

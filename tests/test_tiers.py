@@ -8,10 +8,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from simulator import analytic, engine
+from simulator import analytic
+from simulator.engines import choose
 from simulator.errors import InputError
-from simulator.scenario import Scenario, load_scenario
-from simulator.tiers import TierSchedule, first_order_plan
+from simulator.model.scenario import Scenario, load_scenario
+from simulator.model.tiers import TierSchedule, first_order_plan
 
 TWO_TIERS = """
 gpus = 1024
@@ -124,16 +125,16 @@ def test_tier_must_be_tables_not_a_value(tmp_path):
 
 def test_tiered_scenarios_are_routed_away_from_the_fast_engine_with_the_reason(tmp_path):
     s = load_scenario(write(tmp_path, TWO_TIERS))
-    assert "tiers" in engine.fast_refusal(s) and "failure_classes" in engine.fast_refusal(s)
-    assert engine.choose_engine(s) == "des"
+    assert "tiers" in choose.fast_refusal(s) and "failure_classes" in choose.fast_refusal(s)
+    assert choose.choose_engine(s) == "des"
     with pytest.raises(InputError, match="fast engine does not model tiers"):
-        engine.choose_engine(s, "fast")
+        choose.choose_engine(s, "fast")
 
 
 def test_a_tiered_scenario_runs_on_the_des_with_per_class_and_per_tier_counts(tmp_path):
     s = load_scenario(write(tmp_path, TWO_TIERS))
     schedule = TierSchedule({"memory": 300.0, "persistent": 3600.0})
-    res = engine.simulate(s, schedule, replicas=2, seed=0, workers=1, progress=False)
+    res = choose.simulate(s, schedule, replicas=2, seed=0, workers=1, progress=False)
     assert res.meta["engine"] == "des"
     for column in ("failures_process", "failures_node", "saves_memory", "saves_persistent"):
         assert column in res.records

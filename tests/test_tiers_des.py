@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
+from simulator.engines.des_replicas import simulate
 from simulator.errors import InputError
-from simulator.montecarlo import simulate
+from simulator.model.scenario import Scenario
+from simulator.model.tiers import TierSchedule, first_order_plan
 from simulator.policies import FixedInterval
-from simulator.scenario import Scenario
-from simulator.tiers import TierSchedule, first_order_plan
 
 BASE = dict(
     gpus=64,
@@ -71,8 +71,8 @@ def test_the_des_meets_the_first_order_tier_formula_where_saves_are_cheap():
 def test_two_tier_schedules_on_one_seed_meet_the_same_failures():
     s = Scenario(**TWO)
     logs = []
-    from simulator.des_tiers import TieredClusterJob, class_sources
-    from simulator.streams import replica_seed, replica_streams
+    from simulator.engines.des_tiers import TieredClusterJob, class_sources
+    from simulator.engines.streams import replica_seed, replica_streams
 
     for intervals in (
         {"memory": 150.0, "persistent": 2000.0},

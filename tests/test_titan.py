@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import titan
 from simulator.errors import InputError
-from simulator.failures import Weibull
-from simulator.fit import fit_lifetime
-from simulator.scenario import load_scenario
+from simulator.fitting import titan
+from simulator.fitting.fit import fit_lifetime
+from simulator.model.failures import Weibull
+from simulator.model.scenario import load_scenario
 
 
 def test_lifetimes_are_positive_with_a_minority_of_failures():

@@ -10,7 +10,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.errors import InputError
-from simulator.trace import TraceStart, read_trace
+from simulator.model.trace import TraceStart, read_trace
 
 JOB = ["--checkpoint-s", "60", "--restart-s", "600", "--work-h", "200", "--no-progress"]
 

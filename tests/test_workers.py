@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from simulator import workers
+from simulator.engines import workers
 
 
 def _slow_square(x: int) -> int:

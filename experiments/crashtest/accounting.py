@@ -1,6 +1,7 @@
 """Time accounting of one crash-test job from its logs: where every second of wall time went.
 
-The same buckets as the simulator (``simulator.des``), so the two can be compared line by line:
+The same buckets as the simulator (``simulator.engines.des``), so the two can be compared line
+by line:
 
     wall = startup + recovery + saving + useful + lost
 

@@ -1,7 +1,7 @@
 """The failure clock: when each launch of the job is killed, and the kill itself (SIGKILL).
 
 Each launch ("attempt") of the training process gets its own lifetime, drawn up front from a
-``simulator.failures.Lifetime`` (exponential or Weibull, scaled to this machine: an MTBF of a
+``simulator.model.failures.Lifetime`` (exponential or Weibull, scaled to this machine: an MTBF of a
 minute or two) with a seeded ``numpy.random.Generator``. Every policy in a comparison is run
 against the same list, so the k-th launch of each lives exactly as long — common random
 numbers: the differences between policies are not differences in luck.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.failures import Exponential, Lifetime, Weibull
+from simulator.model.failures import Exponential, Lifetime, Weibull
 
 __all__ = ["KillSchedule", "kill", "make_lifetime"]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator import policies
-from simulator.montecarlo import run_replica, simulate
-from simulator.scenario import Scenario
+from simulator.engines.des_replicas import run_replica, simulate
+from simulator.model.scenario import Scenario
 
 __all__ = ["MachineParams", "des_policy", "expected_wall_s", "replay_wall_s", "scenario_for"]
 

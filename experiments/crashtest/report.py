@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.results import goal_verdict, mean_ci
+from simulator.engines.results import goal_verdict, mean_ci
 
 __all__ = ["summarise", "write_report"]
 
@@ -222,7 +222,7 @@ def write_report(
         f"interpreter + torch import, restore), first start-up {p.startup_s:.2f} s. The pilot "
         f"(one short job killed twice) measured {p0.step_s * 1e3:.1f} ms, {p0.save_s:.3f} s and "
         f"{p0.restart_s:.2f} s; the policies' intervals were set from it. {load_text}",
-        "- Simulator: `simulator.montecarlo.run_replica` with the run's own kill times "
+        "- Simulator: `simulator.engines.des_replicas.run_replica` with the run's own kill times "
         "(`failure_times`, extended with its schedule's later lifetimes) gives a per-run "
         f"*replay* prediction; `simulate` ({cfg.replicas} replicas over the clock) gives the "
         "*expected* wall time a user would be told up front. Both use the pooled parameters "

@@ -7,7 +7,7 @@ safetensors, DCP, DCP async, and this project's own :mod:`simulator.ckptio`), wi
 interleaved with a raw sequential write of the same number of bytes, so every format is
 measured against the disk it ran on, in the same run; ``writers`` adds N processes saving one
 sharded state at once against N raw writers (:mod:`simulator.bench.writers`). The samples feed
-:mod:`simulator.costmodel`. This package imports torch; the simulation core does not.
+:mod:`simulator.model.checkpoint_cost`. This package imports torch; the simulation core does not.
 """
 
 from simulator.bench.runner import BenchConfig, BenchResult, run_benchmark

@@ -26,10 +26,10 @@ from typing import Any
 
 from simulator.bench import formats as fmt_io
 from simulator.bench.state import DTYPES, FORMATS, build_state, parse_size
-from simulator.budget import mem_available_bytes
-from simulator.costmodel import BYTES_PER_PARAM, CostProfile
+from simulator.engines.budget import mem_available_bytes
+from simulator.engines.results import goal_verdict, mean_ci
 from simulator.errors import InputError
-from simulator.results import goal_verdict, mean_ci
+from simulator.model.checkpoint_cost import BYTES_PER_PARAM, CostProfile
 
 GOAL_WRITER_RATIO = 0.90
 GOAL_RESTORE_RATIO = 0.90

@@ -9,7 +9,8 @@ and the same run, interleaved by repeat, the same N write their shard's bytes wi
 from one barrier; a job's time is its slowest rank's (the stall everyone waits for), and the
 aggregate bandwidth is all bytes over that time. ``commit_s`` is rank 0's ``finish`` (DCP's
 ``.metadata``, written after every rank's data) plus the directory fsync. Samples carry
-``bench="writers"`` and ``writers``; :mod:`simulator.costmodel` fits the contention curve.
+``bench="writers"`` and ``writers``; :mod:`simulator.model.checkpoint_cost` fits the contention
+curve.
 """
 
 from __future__ import annotations

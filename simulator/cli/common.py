@@ -94,8 +94,8 @@ def add_workers_flag(group, what: str = "worker processes") -> None:
 
 
 def add_budget_flags(parser: argparse.ArgumentParser) -> None:
-    """--max-core-hours and --max-memory-gb: the limits of ``simulator.budget``."""
-    from simulator.budget import DEFAULT_MAX_CORE_HOURS
+    """--max-core-hours and --max-memory-gb: the limits of ``simulator.engines.budget``."""
+    from simulator.engines.budget import DEFAULT_MAX_CORE_HOURS
 
     g = parser.add_argument_group(
         "limits",
@@ -120,7 +120,7 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
 
 def enforce_budget(args: argparse.Namespace, est, workers: int = 1) -> None:
     """Refuse (one line) a run whose estimate ``est`` exceeds the command's limits."""
-    from simulator.budget import check
+    from simulator.engines.budget import check
 
     gb = getattr(args, "max_memory_gb", None)
     check(
@@ -133,7 +133,7 @@ def enforce_budget(args: argparse.Namespace, est, workers: int = 1) -> None:
 
 def workers_for(args: argparse.Namespace, tasks: int, prog: str) -> int:
     """--workers capped at the cores here (and the tasks), with a note when it was cut."""
-    from simulator.workers import available_cores, worker_count
+    from simulator.engines.workers import available_cores, worker_count
 
     requested = getattr(args, "workers", None)
     n = worker_count(requested, tasks)
@@ -386,9 +386,9 @@ def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = 
     """The scenario named by --scenario (if any) with flags laid over it.
 
     Without --scenario the flags alone describe the job; with no flag at all, the embedded
-    default preset (``simulator.scenario.DEFAULT_PRESET``) is the job.
+    default preset (``simulator.model.scenario.DEFAULT_PRESET``) is the job.
     """
-    from simulator.scenario import DEFAULT_PRESET, Scenario, load_scenario
+    from simulator.model.scenario import DEFAULT_PRESET, Scenario, load_scenario
 
     overrides = _overrides(args, extra)
     # Name fields as flags where the user typed them, or (without a file) could have.

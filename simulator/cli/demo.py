@@ -46,16 +46,17 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator import analytic, budget
+    from simulator import analytic
     from simulator.cli.common import enforce_budget
     from simulator.cli.optimize import render
+    from simulator.engines import budget
+    from simulator.engines.des_replicas import simulate
     from simulator.errors import InputError
-    from simulator.montecarlo import simulate
+    from simulator.model.scenario import load_scenario
     from simulator.optimize import _engine, optimize_by_simulation
     from simulator.outfile import check_output
     from simulator.policies import USUAL_INTERVALS, FixedInterval
     from simulator.recommend import recommend
-    from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
     if scenario.work_h is None:

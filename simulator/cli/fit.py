@@ -1,7 +1,7 @@
 """``ckptsim fit``: fit lifetime models to your own failure log and write a scenario from it.
 
-The log (CSV or Parquet) is read by ``simulator.faillog`` in either shape (lifetimes, or
-failure timestamps); ``simulator.fit`` fits exponential, Weibull and lognormal lifetimes by
+The log (CSV or Parquet) is read by ``simulator.fitting.faillog`` in either shape (lifetimes, or
+failure timestamps); ``simulator.fitting.fit`` fits exponential, Weibull and lognormal lifetimes by
 censored maximum likelihood, ranks them by AIC and checks each against Kaplan–Meier. With a
 cause column each cause gets its own fit (the cause-specific hazard), and with a repair column
 its repair-time distribution. ``--scenario-out`` writes the best fit as a scenario TOML that
@@ -100,13 +100,13 @@ def _toml(data: dict, header: list[str]) -> str:
 
 
 def _unit_s(unit: str) -> float:
-    from simulator.faillog import UNITS
+    from simulator.fitting.faillog import UNITS
 
     return UNITS[unit]
 
 
 def _print_text(args, result) -> None:
-    from simulator.fit import fits_table
+    from simulator.fitting.fit import fits_table
 
     u = _unit_s(args.unit)
     print(
@@ -148,8 +148,8 @@ def _strip(result: dict) -> dict:
 
 
 def run(args) -> int:
-    from simulator.faillog import read_failure_log
-    from simulator.fit import fit_log, scenario_from_fit
+    from simulator.fitting.faillog import read_failure_log
+    from simulator.fitting.fit import fit_log, scenario_from_fit
     from simulator.outfile import check_output, write_atomic
 
     # Both outputs are checked before the fits run, not after.
@@ -216,7 +216,7 @@ def _plot(args, log, result, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simulator.fit import plot_survival
+    from simulator.fitting.fit import plot_survival
     from simulator.plots import save
 
     fig, ax = plt.subplots(figsize=(7, 4.5))

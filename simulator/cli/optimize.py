@@ -127,7 +127,7 @@ def apply_profile(args: argparse.Namespace, scenario):
             raise InputError(f"give either {flag} or --profile (it measured them), not both")
     import dataclasses
 
-    from simulator.costmodel import CostProfile
+    from simulator.model.checkpoint_cost import CostProfile
 
     nodes = scenario.nodes or 1
     predicted = CostProfile.load(args.profile).predict(
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         scenario_from_args,
         uses_default_preset,
     )
-    from simulator.scenario import DEFAULT_PRESET
+    from simulator.model.scenario import DEFAULT_PRESET
 
     default = uses_default_preset(args)
     scenario = scenario_from_args(args)
@@ -201,9 +201,9 @@ def run(args: argparse.Namespace) -> int:
     if measured:
         result["measured_cost"] = measured
     if args.simulate:
-        from simulator import budget
         from simulator.cli.common import enforce_budget, workers_for
-        from simulator.engine import choose_engine
+        from simulator.engines import budget
+        from simulator.engines.choose import choose_engine
         from simulator.optimize import optimize_by_simulation
 
         require_work(scenario, "--simulate")
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_tiers(args: argparse.Namespace, scenario) -> int:
     """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside."""
     from simulator.cli.common import print_json
-    from simulator.tiers import recommend_tiers
+    from simulator.model.tiers import recommend_tiers
 
     for flag in ("simulate", "profile"):
         if getattr(args, flag, None):

@@ -130,9 +130,9 @@ def _read_table(path):
 
 def _budget(args, scenario, kind: str, runs: int = 1, policies=None) -> None:
     """Refuse, before any work, a plot whose simulations would exceed the limits."""
-    from simulator import budget
     from simulator.cli.common import enforce_budget
-    from simulator.engine import choose_engine
+    from simulator.engines import budget
+    from simulator.engines.choose import choose_engine
 
     engine = choose_engine(scenario, "auto")
     if policies is None:

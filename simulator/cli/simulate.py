@@ -4,7 +4,7 @@ Where ``ckptsim optimize`` gives the closed-form mean for exponential failures, 
 job itself — per-GPU lifetimes (exponential, Weibull, lognormal), failures during saves and
 recoveries, spare nodes and repairs, asynchronous saves — many times, and reports the
 distribution of wall time, lost work, overheads and cost: mean, 95% CI, p50/p90/p99.
-Which engine runs it (``--engine``) is ``simulator.engine``'s rule; this module only parses
+Which engine runs it (``--engine``) is ``simulator.engines.choose``'s rule; this module only parses
 and renders.
 """
 
@@ -161,7 +161,7 @@ def _trace(args: argparse.Namespace, scenario):
         if args.time_column is not None or args.unit is not None or args.trace_start != "first":
             raise InputError("--time-column, --unit and --trace-start need --trace FILE")
         return None, scenario
-    from simulator.trace import TraceStart, read_trace, trace_mtbf_s
+    from simulator.model.trace import TraceStart, read_trace, trace_mtbf_s
 
     times = read_trace(args.trace, time_column=args.time_column, unit=args.unit or "h")
     if not scenario.has_mtbf:
@@ -177,7 +177,7 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         if args.tier_interval_s:
             raise InputError("--tier-interval-s needs a scenario with [[tier]] tables")
         return None
-    from simulator.tiers import TierSchedule, first_order_plan
+    from simulator.model.tiers import TierSchedule, first_order_plan
 
     implicit = scenario.tiers[0].implicit  # failure classes, and the scenario's own save
     if implicit and (args.policy or args.interval_s) and not args.tier_interval_s:
@@ -223,7 +223,7 @@ def _tier_schedule(args: argparse.Namespace, scenario):
 def _note_trace_end(summary: dict, result, failure_times) -> None:
     """Warn when replicas outran a trace replayed from its first failure (no failures past its
     end: optimistic), or met none of it at all (is --unit right?); the summary counts them."""
-    from simulator.trace import coverage
+    from simulator.model.trace import coverage
 
     got = coverage(failure_times, result.records["wall_h"].to_numpy())
     if got is None:
@@ -248,7 +248,6 @@ def _note_trace_end(summary: dict, result, failure_times) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator import budget
     from simulator.cli.common import (
         enforce_budget,
         output_path,
@@ -257,10 +256,11 @@ def run(args: argparse.Namespace) -> int:
         require_work,
         workers_for,
     )
-    from simulator.engine import choose_engine, simulate
+    from simulator.engines import budget
+    from simulator.engines.choose import choose_engine, simulate
+    from simulator.engines.results import OUT_SUFFIXES
+    from simulator.model.scenario import DEFAULT_PRESET
     from simulator.policies import make_policy
-    from simulator.results import OUT_SUFFIXES
-    from simulator.scenario import DEFAULT_PRESET
 
     out = output_path(args, OUT_SUFFIXES)  # before the work, not after it
     scenario, default = _scenario(args)

@@ -83,7 +83,7 @@ def register(subparsers) -> None:
 
 def parse_axis(text: str) -> tuple[str, list]:
     """``FIELD=1,2,3`` or ``FIELD=log:A:B:N`` / ``lin:A:B:N`` -> (field, values)."""
-    from simulator.scenario import Scenario
+    from simulator.model.scenario import Scenario
 
     field, sep, spec = text.partition("=")
     field = field.strip().replace("-", "_")
@@ -126,9 +126,9 @@ def parse_axis(text: str) -> tuple[str, list]:
 
 
 def run(args) -> int:
-    from simulator import budget
     from simulator.cli.common import enforce_budget, output_path, workers_for
-    from simulator.engine import choose_engine
+    from simulator.engines import budget
+    from simulator.engines.choose import choose_engine
     from simulator.sweep import TABLE_SUFFIXES, grid_points, parse_policy, run_sweep, save_table
 
     out = output_path(args, TABLE_SUFFIXES)  # before the work, not after it

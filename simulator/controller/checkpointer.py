@@ -57,6 +57,7 @@ from simulator.controller.commit import (
     rejected_aside,
     write_and_commit,
 )
+from simulator.controller.estimate import FailureRatePosterior
 from simulator.controller.integrity import (
     CheckpointLocked,
     CheckpointWriteError,
@@ -79,7 +80,6 @@ from simulator.controller.storage import (
     complete_steps,
 )
 from simulator.errors import InputError
-from simulator.estimate import FailureRatePosterior
 from simulator.policies import Adaptive, Policy
 
 __all__ = ["PREEMPTED_EXIT_CODE", "AdaptiveCheckpointer"]

@@ -21,7 +21,7 @@ written before ``train`` existed, whose ``start`` lacks ``records_train``, count
 or a ``crashed`` as training, as they did.)
 
 :func:`failure_evidence` turns the log into (failures, exposure seconds), the observation that
-updates :class:`simulator.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
+updates :class:`simulator.controller.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
 crash in mid-append are skipped. The log is never written through a symlink or into a file
 with other hard links (:func:`open_regular`): either would write into another directory.
 """

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.estimate import FailureRatePosterior, RunningMean
-from simulator.failures import Lifetime
+from simulator.controller.estimate import FailureRatePosterior, RunningMean
+from simulator.model.failures import Lifetime
 from simulator.policies import FixedInterval, Policy, PolicyContext
 
 __all__ = [

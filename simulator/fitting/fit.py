@@ -26,7 +26,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from simulator.errors import InputError
-from simulator.failures import Exponential, Lifetime, LogNormal, Weibull
+from simulator.model.failures import Exponential, Lifetime, LogNormal, Weibull
 
 __all__ = [
     "FAMILIES",
@@ -465,7 +465,7 @@ def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, 
     """A scenario mapping from ``fit_log``'s best fit (validated as ``optimize`` would take
     it): ``mtbf_h`` for a system's gaps, else ``gpus`` units of one GPU each at ``gpu_mtbf_h``;
     ``fixed`` (checkpoint_s, restart_s, work_h) are laid over it where not None."""
-    from simulator.failures import parse_failure
+    from simulator.model.failures import parse_failure
 
     # The best fit by AIC that a simulation can sample: a lognormal sigma or Weibull shape
     # past what --failure accepts (a log whose censored tail dominates) is passed over for
@@ -504,7 +504,7 @@ def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, 
         data["repair_h"] = rep["fits"][0].mean_s / 3600.0
         data["repair"] = failure_spec(rep["fits"][0])
     data.update({k: v for k, v in fixed.items() if v is not None})
-    from simulator.scenario import Scenario
+    from simulator.model.scenario import Scenario
 
     Scenario.from_mapping(data, source="--scenario-out")  # refuse a file optimize would refuse
     return data

@@ -1,7 +1,7 @@
 """Failure classes and checkpoint tiers: which failures a saved copy survives, and at what cost.
 
 A *failure class* is one kind of interruption with its own lifetime model (per GPU, per node
-or for the whole job, any family ``simulator.failures`` parses), detection time, restart cost
+or for the whole job, any family ``simulator.model.failures`` parses), detection time, restart cost
 and the number of nodes it takes down (0 for a crashed process whose host survives). The
 classes superpose: the job's failure rate is the sum of theirs.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.failures import parse_failure
+from simulator.model.failures import parse_failure
 
 __all__ = [
     "FailureClass",
@@ -285,7 +285,7 @@ def first_order_plan(scenario) -> dict[str, Any]:
 
 def _class_terms(scenario):
     """(name, rate per second, detection + restart + warm-up seconds) of each class."""
-    from simulator.scenario import IMPLICIT_CLASS
+    from simulator.model.scenario import IMPLICIT_CLASS
 
     if not scenario.failure_classes:
         recovery = scenario.detection_s + scenario.restart_s + scenario.warmup_s
@@ -392,7 +392,7 @@ def single_tier_plan(scenario) -> dict[str, Any]:
 def recommend_tiers(scenario) -> dict[str, Any]:
     """Every tier's interval (first order) and its waste and money, with the best single-tier
     answer beside it: the dict ``ckptsim optimize --json`` prints for a tiered scenario."""
-    from simulator import cost
+    from simulator.model import money
 
     plan = first_order_plan(scenario)
     single = single_tier_plan(scenario)
@@ -408,7 +408,7 @@ def recommend_tiers(scenario) -> dict[str, Any]:
     }
     if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
         per_day = {
-            key: float(cost.usd_lost_per_day(scenario.gpus, scenario.usd_per_gpu_hour, w))
+            key: float(money.usd_lost_per_day(scenario.gpus, scenario.usd_per_gpu_hour, w))
             for key, w in (("tiers", plan["waste_fraction"]), ("single", single["waste_fraction"]))
         }
         out["usd_lost_per_day"] = per_day["tiers"]

@@ -1,9 +1,9 @@
 """Trace replay: drive the simulated job's failures from recorded timestamps.
 
 Instead of drawing failure times from a lifetime model, a replica can replay the failures a
-real cluster logged (for Titan, ``simulator.titan.failure_times_for_subset``). Any sorted array
-of timestamps works; they are shifted so the job starts at ``start_s`` into the trace, and the
-trace simply runs out (no more failures) after its last entry.
+real cluster logged (for Titan, ``simulator.fitting.titan.failure_times_for_subset``). Any
+sorted array of timestamps works; they are shifted so the job starts at ``start_s`` into the
+trace, and the trace simply runs out (no more failures) after its last entry.
 
 ``read_trace`` turns a user's failure log (CSV or Parquet, read as ``ckptsim fit`` reads it:
 one column of failure times, numbers since the job's start or dates from the first) into
@@ -70,13 +70,13 @@ def coverage(failure_times, walls_h) -> dict | None:
 def read_trace(path, *, time_column: str | None = None, unit: str = "h") -> np.ndarray:
     """Sorted failure times (s since the job's start) from the log at ``path``; one-line errors.
 
-    The log is read as ``ckptsim fit`` reads it (``simulator.faillog``: CSV or Parquet, the
+    The log is read as ``ckptsim fit`` reads it (``simulator.fitting.faillog``: CSV or Parquet, the
     time column named or recognised). Numbers are times since the job started in ``unit``
     (s, min, h or d; hours by default, as ``ckptsim fit`` reads a log). Dates are parsed by
     pandas; the job starts at the first of them (that row marks the start, it is not a failure
     that hits the job).
     """
-    from simulator.faillog import UNITS, parse_times, pick_column, read_table
+    from simulator.fitting.faillog import UNITS, parse_times, pick_column, read_table
 
     if unit not in UNITS:
         raise InputError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")

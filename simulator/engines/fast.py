@@ -1,6 +1,6 @@
 """Vectorised Monte-Carlo engine for the plain checkpoint/restart model (no SimPy).
 
-The discrete-event simulator (``simulator.des``) is the reference model; this engine covers
+The discrete-event simulator (``simulator.engines.des``) is the reference model; this engine covers
 its plain case — blocking saves, unlimited spares, no storage contention — fast enough for
 optimisation and sweeps of thousands of scenario points.
 
@@ -24,7 +24,7 @@ Failure processes:
   (``stationary``: the long-run rate the scenario's MTBF describes) or all new at t = 0.
 
 Replica ``i`` draws its failures from the DES's failure stream of that replica
-(``simulator.streams``) with the DES's stationary-start sampler
+(``simulator.engines.streams``) with the DES's stationary-start sampler
 (``failure_source.stationary_residual``): with a job-level lifetime both engines replay the
 same failure history; per GPU, each GPU's first failure is the same and later ones differ
 only in draw order (the same distribution).
@@ -47,12 +47,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator import analytic
+from simulator.engines.streams import GPU, replica_seeds, replica_streams
 from simulator.errors import InputError
-from simulator.failure_source import stationary_residual
-from simulator.failures import Exponential, Lifetime
+from simulator.model.failure_source import stationary_residual
+from simulator.model.failures import Exponential, Lifetime
+from simulator.model.scenario import Scenario
 from simulator.policies import Policy, PolicyContext
-from simulator.scenario import Scenario
-from simulator.streams import GPU, replica_seeds, replica_streams
 
 __all__ = [
     "FIELDS",
@@ -342,7 +342,7 @@ def simulate_policies(
     """Run every policy on the same ``replicas`` failure histories (common random numbers).
 
     ``failure_times`` replays a trace instead of the failure model, as in
-    ``montecarlo.simulate``: sorted times (s), or a function of each replica's generator
+    ``des_replicas.simulate``: sorted times (s), or a function of each replica's generator
     (e.g. ``titan.failure_times_for_subset``); no failures after the trace ends.
     """
     failure_times_arg = failure_times

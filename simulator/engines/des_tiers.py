@@ -1,6 +1,6 @@
-"""The discrete-event model with checkpoint tiers and failure classes (``simulator.tiers``).
+"""The discrete-event model with checkpoint tiers and failure classes (``simulator.model.tiers``).
 
-The same job as ``simulator.des.ClusterJob`` — the same recovery, spare pool, repairs and
+The same job as ``simulator.engines.des.ClusterJob`` — the same recovery, spare pool, repairs and
 time buckets — with two differences. Failures come from one source per class (class i of
 replica r draws from stream ``streams.CLASSES + i``; without classes the scenario's own
 failures are one class, from the very streams the single-tier model uses) and interrupt the
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import simpy
 
-from simulator.des import ClusterJob, failure_source_for
+from simulator.engines.des import ClusterJob, failure_source_for
+from simulator.engines.streams import class_streams
 from simulator.errors import InputError
-from simulator.failure_source import ComponentFailures, MergedFailures
-from simulator.failures import parse_failure
-from simulator.scenario import IMPLICIT_CLASS, Scenario
-from simulator.streams import class_streams
-from simulator.tiers import TierSchedule, final_tiers, rollback
+from simulator.model.failure_source import ComponentFailures, MergedFailures
+from simulator.model.failures import parse_failure
+from simulator.model.scenario import IMPLICIT_CLASS, Scenario
+from simulator.model.tiers import TierSchedule, final_tiers, rollback
 
 __all__ = ["TieredClusterJob", "class_sources"]
 

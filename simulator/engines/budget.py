@@ -38,7 +38,7 @@ import numpy as np
 
 from simulator import analytic
 from simulator.errors import InputError
-from simulator.scenario import Scenario
+from simulator.model.scenario import Scenario
 
 __all__ = [
     "DEFAULT_MAX_CORE_HOURS",

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from simulator import analytic, fastmc, optimize
+from simulator import analytic, optimize
+from simulator.engines import fast
 from simulator.errors import InputError
+from simulator.model.scenario import Scenario
 from simulator.policies import Adaptive, FixedInterval
-from simulator.scenario import Scenario
 
 
 def _trace(rng):
@@ -48,7 +49,7 @@ def test_mean_wall_time_matches_dalys_expected_wall_time_on_exponential_failures
     # Work a whole number of intervals, so every segment is τ + δ as in Daly's model.
     tau, delta, restart, mtbf = 1500.0, 120.0, 400.0, 7200.0
     s = Scenario(mtbf_h=mtbf / 3600, checkpoint_s=delta, restart_s=restart, work_h=tau * 200 / 3600)
-    wall = fastmc.simulate_policies(s, [FixedInterval(tau)], replicas=400, seed=3).arrays["wall_s"]
+    wall = fast.simulate_policies(s, [FixedInterval(tau)], replicas=400, seed=3).arrays["wall_s"]
     expected = analytic.daly_wall_time(tau, delta, mtbf, restart, s.work_s)
     se = wall.std(ddof=1) / math.sqrt(wall.size)
     assert abs(wall.mean() - expected) < 4 * se
@@ -65,7 +66,7 @@ def test_every_second_of_wall_time_lands_in_one_bucket(tau, delta, restart, mtbf
     s = Scenario(mtbf_h=mtbf_h, checkpoint_s=delta, restart_s=restart, work_h=5.0)
     # A job expected to take ~1000x its work is refused as making no headway (tested apart).
     assume(analytic.daly_wall_time(tau, delta, mtbf_h * 3600, restart, s.work_s) < 100 * s.work_s)
-    a = fastmc.simulate_policies(s, [FixedInterval(tau)], replicas=3, seed=0).arrays
+    a = fast.simulate_policies(s, [FixedInterval(tau)], replicas=3, seed=0).arrays
     total = a["useful_s"] + a["checkpoint_s"] + a["lost_s"] + a["recovery_s"]
     np.testing.assert_allclose(total, a["wall_s"], rtol=1e-9)
     assert np.all(a["lost_s"] >= -1e-6) and np.all(a["recovery_s"] >= -1e-6)
@@ -74,6 +75,6 @@ def test_every_second_of_wall_time_lands_in_one_bucket(tau, delta, restart, mtbf
 
 def test_scenarios_outside_the_plain_model_are_refused():
     s = Scenario(mtbf_h=2.0, work_h=10.0, async_checkpoint=True, staging_s=5.0)
-    assert not fastmc.fast_supported(s)
+    assert not fast.fast_supported(s)
     with pytest.raises(InputError, match="discrete-event"):
-        fastmc.simulate_policies(s, [FixedInterval(600.0)], replicas=2)
+        fast.simulate_policies(s, [FixedInterval(600.0)], replicas=2)

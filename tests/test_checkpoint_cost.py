@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.costmodel import BYTES_PER_PARAM, CostProfile, fit_linear
 from simulator.errors import InputError
+from simulator.model.checkpoint_cost import BYTES_PER_PARAM, CostProfile, fit_linear
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def test_bad_profile_and_bad_requests_are_one_line_input_errors(tmp_path):
 
 
 def test_costmodel_does_not_import_torch():
-    code = "import sys, simulator.costmodel; sys.exit('torch' in sys.modules)"
+    code = "import sys, simulator.model.checkpoint_cost; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -268,7 +268,7 @@ def test_the_optimize_cli_prints_the_extrapolation_warning(tmp_path):
 
 
 def test_a_scenario_with_only_a_per_node_bandwidth_is_capped_by_the_published_default():
-    from simulator.scenario import DEFAULT_STORAGE_BYTES_PER_S, Scenario
+    from simulator.model.scenario import DEFAULT_STORAGE_BYTES_PER_S, Scenario
 
     s = Scenario(gpus=16384, checkpoint_bytes=405e9 * 14, write_bytes_per_s_per_node=5e9)
     assert s.checkpoint_write_s == pytest.approx(405e9 * 14 / DEFAULT_STORAGE_BYTES_PER_S)

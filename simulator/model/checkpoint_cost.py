@@ -21,7 +21,7 @@ fall past a peak.
 write in parallel: each node writes P·(bytes per parameter)/N bytes at the per-writer bandwidth
 the contention curve gives at N (the single-writer line without one), all together capped by
 the shared storage's aggregate bandwidth — the one given, else
-:data:`~simulator.scenario.DEFAULT_STORAGE_BYTES_PER_S` (a published figure, see there). Past
+:data:`~simulator.model.scenario.DEFAULT_STORAGE_BYTES_PER_S` (a published figure, see there). Past
 10x the measured writers the curve is not followed further (one machine's disk says nothing of
 a cluster's storage): each node keeps the per-writer bandwidth of the most writers measured and
 the storage cap decides; such an extrapolation, or a shard 10x past the largest size measured,
@@ -43,7 +43,7 @@ import numpy as np
 from scipy import optimize
 
 from simulator.errors import InputError
-from simulator.scenario import DEFAULT_STORAGE_BYTES_PER_S, DEFAULT_STORAGE_SOURCE
+from simulator.model.scenario import DEFAULT_STORAGE_BYTES_PER_S, DEFAULT_STORAGE_SOURCE
 
 __all__ = [
     "BYTES_PER_PARAM",

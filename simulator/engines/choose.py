@@ -1,11 +1,11 @@
 """Which engine runs a simulation, and one entry point that runs either.
 
-Both engines implement one model: the discrete-event simulator (``simulator.des``, run by
-``simulator.montecarlo``) is the reference and covers every scenario field; the vectorised
-engine (``simulator.fastmc``) covers the plain case — blocking saves, unlimited spares, no
+Both engines implement one model: the discrete-event simulator (``simulator.engines.des``, run by
+``simulator.engines.des_replicas``) is the reference and covers every scenario field; the vectorised
+engine (``simulator.engines.fast``) covers the plain case — blocking saves, unlimited spares, no
 node failures or storage caps — orders of magnitude faster. ``auto`` picks the fast engine
 wherever it applies; asking for it where it does not is a user's mistake, refused with the
-reason. Both draw a replica's failures from the same stream (``simulator.streams``) with the
+reason. Both draw a replica's failures from the same stream (``simulator.engines.streams``) with the
 same stationary-start sampler, so their means agree within Monte-Carlo error (the engine
 agreement tests check this over every failure family, policy and trace replay).
 """
@@ -17,12 +17,12 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from simulator import fastmc
+from simulator.engines import fast
+from simulator.engines.results import SimulationResult, check_replicas
+from simulator.engines.streams import run_seed
 from simulator.errors import InputError
+from simulator.model.scenario import Scenario
 from simulator.policies import Policy, make_policy
-from simulator.results import SimulationResult, check_replicas
-from simulator.scenario import Scenario
-from simulator.streams import run_seed
 
 __all__ = ["ENGINES", "choose_engine", "fast_refusal", "simulate"]
 
@@ -32,7 +32,7 @@ HOUR = 3600.0
 
 def fast_refusal(scenario: Scenario) -> str | None:
     """Why the fast engine cannot run ``scenario`` (None when it can)."""
-    extra = fastmc.unmodelled_fields(scenario)
+    extra = fast.unmodelled_fields(scenario)
     if extra:
         return "the fast engine does not model " + ", ".join(extra) + "; use the DES (--engine des)"
     if not scenario.has_mtbf:
@@ -62,7 +62,7 @@ def choose_engine(scenario: Scenario, engine: str = "auto", policies: Iterable =
     return engine
 
 
-def _fast_records(scenario: Scenario, res: fastmc.FastResult) -> pd.DataFrame:
+def _fast_records(scenario: Scenario, res: fast.FastResult) -> pd.DataFrame:
     a = {k: v[0] for k, v in res.arrays.items()}
     rec = pd.DataFrame(
         {
@@ -97,9 +97,9 @@ def simulate(
     policy = make_policy(policy) if isinstance(policy, str) else policy
     which = choose_engine(scenario, engine, [policy])
     if which == "des":
-        from simulator import montecarlo  # SimPy: imported only when the DES runs
+        from simulator.engines import des_replicas  # SimPy: imported only when the DES runs
 
-        result = montecarlo.simulate(
+        result = des_replicas.simulate(
             scenario,
             policy,
             replicas=replicas,
@@ -111,7 +111,7 @@ def simulate(
         return result
     replicas = check_replicas(replicas)
     seed = run_seed(seed)
-    res = fastmc.simulate_policies(
+    res = fast.simulate_policies(
         scenario, [policy], replicas=replicas, seed=seed, failure_times=failure_times
     )
     return SimulationResult.of_run(

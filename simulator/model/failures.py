@@ -24,7 +24,7 @@ What real GPUs do
 -----------------
 Studies of time between node failures in HPC systems often report a decreasing hazard
 (Weibull ``k < 1``; Schroeder & Gibson, DSN 2006), but the per-GPU lifetimes of the Titan trace
-(18,688 K20X GPUs, Ostrouchov et al., SC '20; ``simulator.titan``, ``reports/titan-fit.md``)
+(18,688 K20X GPUs, Ostrouchov et al., SC '20; ``simulator.fitting.titan``, ``reports/titan-fit.md``)
 show the opposite: fitted with censoring, service time to the first DBE/OTB event is Weibull
 with shape about 2.7 (wear-out), beating exponential by thousands of AIC points. Then
 ``first_failure`` of a fresh machine is weeks, far *later* than ``mean / n`` (hours): how old
@@ -486,7 +486,7 @@ def load_empirical(path: str) -> Empirical:
 
 @functools.lru_cache(maxsize=8)
 def _load_empirical(real: str, mtime_ns: int, size: int, shown: str) -> Empirical:
-    from simulator.faillog import read_failure_log
+    from simulator.fitting.faillog import read_failure_log
 
     try:
         log = read_failure_log(real)

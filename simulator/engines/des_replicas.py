@@ -1,6 +1,6 @@
 """Monte-Carlo replicas of the discrete-event model, reproducible from one seed.
 
-Replica ``i`` draws from the streams ``simulator.streams`` derives from the seed (the rule
+Replica ``i`` draws from the streams ``simulator.engines.streams`` derives from the seed (the rule
 the fast engine follows too), so the answer is the same on one core or many, and
 with any chunking of replicas across worker processes. Inside a replica, GPU failures, node
 failures and everything else (repair times) draw from separate child streams: the failure
@@ -16,14 +16,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from simulator.des import ClusterJob, failure_source_for
+from simulator.engines.des import ClusterJob, failure_source_for
+from simulator.engines.results import SimulationResult, check_replicas
+from simulator.engines.streams import replica_seed, replica_streams, run_seed
+from simulator.engines.workers import run_tasks, worker_count
 from simulator.errors import InputError
+from simulator.model.scenario import Scenario
+from simulator.model.trace import TraceFailures
 from simulator.policies import Policy, make_policy
-from simulator.results import SimulationResult, check_replicas
-from simulator.scenario import Scenario
-from simulator.streams import replica_seed, replica_streams, run_seed
-from simulator.trace import TraceFailures
-from simulator.workers import run_tasks, worker_count
 
 __all__ = ["replica_seed", "run_replica", "simulate"]
 
@@ -47,7 +47,7 @@ def run_replica(
     """Simulate one job to completion; the record (hours, counts, US dollars) as a dict."""
     gpu_rng, node_rng, other_rng = replica_streams(rng_or_seed)
     if scenario.tiers or scenario.failure_classes:
-        from simulator.des_tiers import run_tiered
+        from simulator.engines.des_tiers import run_tiered
 
         streams = (gpu_rng, node_rng, other_rng)
         raw = run_tiered(scenario, policy, rng_or_seed, streams, failure_times)
@@ -106,7 +106,7 @@ def simulate(
 ) -> SimulationResult:
     """Run ``replicas`` independent replicas (in ``workers`` processes; None: all cores).
 
-    ``workers`` is capped at the cores available (``simulator.workers.worker_count``).
+    ``workers`` is capped at the cores available (``simulator.engines.workers.worker_count``).
     ``failure_times`` replays a trace instead of the scenario's failure model; a callable
     gets each replica's failure stream (e.g. to pick a random subset of a real cluster) and
     must be picklable when ``workers`` > 1.
@@ -129,7 +129,7 @@ def simulate(
             # Several chunks per worker keep both cores busy and the bar moving.
             chunks = np.array_split(np.arange(replicas), min(replicas, workers * 8))
             tasks = [(scenario, policy, seed, c.tolist(), failure_times) for c in chunks if c.size]
-            # Ctrl-C or a failing replica kills the workers at once (simulator.workers).
+            # Ctrl-C or a failing replica kills the workers at once (simulator.engines.workers).
             for done in run_tasks(_run_chunk, tasks, workers, ordered=False):
                 rows.update(done)
                 bar.update(len(done))

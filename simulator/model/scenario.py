@@ -12,7 +12,7 @@ Every number must be finite and lie in a documented range (``MAX_GPUS``, ``MIN_S
 ``MAX_HOURS``, ``MAX_USD``, ``MAX_BYTES``; failure shapes in ``failures.SHAPE_RANGE``): wide
 enough for any real job, narrow enough that every answer is a finite number of the right unit.
 
-``[[tier]]`` and ``[[failure_class]]`` tables (``simulator.tiers``) add checkpoint tiers and
+``[[tier]]`` and ``[[failure_class]]`` tables (``simulator.model.tiers``) add checkpoint tiers and
 failure classes; without them a scenario is one tier and one class, as it always was.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.failures import Lifetime, empirical_path, parse_failure
-from simulator.tiers import FailureClass, Tier, parse_classes, parse_tiers, write_time_s
+from simulator.model.failures import Lifetime, empirical_path, parse_failure
+from simulator.model.tiers import FailureClass, Tier, parse_classes, parse_tiers, write_time_s
 
 __all__ = [
     "DEFAULT_PRESET",

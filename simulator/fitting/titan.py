@@ -58,7 +58,7 @@ NEW_BATCH_AFTER = pd.Timestamp("2016-01-01")
 
 GPU_FILE = "titan_gpus.csv.gz"
 EVENT_FILE = "titan_events.csv.gz"
-SOURCE_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "titan-gpu" / "gc_full.csv"
+SOURCE_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "titan-gpu" / "gc_full.csv"
 
 
 # -- building the derived tables from the published file ---------------------------------------
@@ -129,7 +129,7 @@ def build_tables(csv_path: str | Path = SOURCE_CSV, out_dir: str | Path | None =
     csv_path = Path(csv_path)
     if not csv_path.exists():
         raise InputError(f"Titan source table not found: {csv_path}")
-    out_dir = Path(out_dir) if out_dir is not None else Path(__file__).parent / "data"
+    out_dir = Path(out_dir) if out_dir is not None else Path(__file__).parents[1] / "data"
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = _read_source(csv_path)
     gpus, events = _gpu_rows(raw), _event_rows(raw)

@@ -8,7 +8,8 @@ would cost O(n) per replica just to set up, and more memory per event.
 
 The failure times depend only on the source's own random stream, never on what the job is
 doing, so two policies simulated with the same stream see exactly the same failures (common
-random numbers). ``TraceFailures`` (in ``simulator.trace``) replays recorded timestamps instead.
+random numbers). ``TraceFailures`` (in ``simulator.model.trace``) replays recorded timestamps
+instead.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.failures import Empirical, Exponential, Lifetime, LogNormal, Weibull
+from simulator.model.failures import Empirical, Exponential, Lifetime, LogNormal, Weibull
 
 __all__ = ["ComponentFailures", "FailureSource", "MergedFailures", "stationary_residual"]
 
@@ -89,7 +90,7 @@ class ComponentFailures:
         if not self._fresh:
             # Drawing lifetimes in batches keeps numpy's per-call overhead off each failure.
             # Reversed so pop() hands them out in draw order: a job-level lifetime then draws
-            # exactly the gaps simulator.fastmc draws from the same stream (same history).
+            # exactly the gaps simulator.engines.fast draws from the same stream (same history).
             self._fresh = np.asarray(self.lifetime.sample(self.rng, _BATCH), float)[::-1].tolist()
         return self._fresh.pop()
 

@@ -2,7 +2,7 @@
 
 One SimPy process runs the job — compute a segment, save, compute, save — asking the policy
 before every segment how long to compute until the next save. A second process replays the
-cluster's failures (``simulator.failure_source``: a heap over all components, or a trace) and
+cluster's failures (``simulator.model.failure_source``: a heap over all components, or a trace) and
 interrupts the job at each one. All time accounting happens where the interrupt lands
 (``except simpy.Interrupt``) and in the ``finally`` of each timed phase, so every second of
 wall time falls in exactly one bucket:
@@ -30,10 +30,10 @@ import numpy as np
 import simpy
 
 from simulator.errors import InputError
-from simulator.failure_source import ComponentFailures, FailureSource, MergedFailures
-from simulator.failures import parse_failure
+from simulator.model.failure_source import ComponentFailures, FailureSource, MergedFailures
+from simulator.model.failures import parse_failure
+from simulator.model.scenario import Scenario
 from simulator.policies import Policy, PolicyContext
-from simulator.scenario import Scenario
 
 __all__ = ["MAX_WALL_FACTOR", "ClusterJob", "failure_source_for"]
 
@@ -141,7 +141,7 @@ class ClusterJob:
                     yield from self._await_writer()
                     return
                 # Age = time since the last failure (0 at the start): the hazard-since-renewal
-                # view that age-aware policies (and simulator.fastmc) use.
+                # view that age-aware policies (and simulator.engines.fast) use.
                 # And what a learning policy learns from: the failures met so far, over the
                 # running time outside recovery (as the controller's run log counts exposure).
                 ctx = PolicyContext(

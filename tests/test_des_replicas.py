@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from simulator.engines.des_replicas import replica_seed, run_replica, simulate
+from simulator.engines.streams import replica_streams
 from simulator.errors import InputError
-from simulator.montecarlo import replica_seed, run_replica, simulate
+from simulator.model.scenario import Scenario
 from simulator.policies import FixedInterval
-from simulator.scenario import Scenario
-from simulator.streams import replica_streams
 
 HOUR = 3600.0
 
@@ -124,7 +124,7 @@ def test_a_trace_picker_gets_each_replicas_failure_stream():
 
 
 def test_titan_failures_replay_on_a_random_subset_of_its_gpus():
-    from simulator import titan
+    from simulator.fitting import titan
 
     gpus = 4096
     picker = functools.partial(titan.failure_times_for_subset, gpus)
