@@ -94,6 +94,10 @@ class PolicyContext:
     """Failures the job has met so far (a learning policy's evidence; 0 for the others)."""
     exposure_s: float = 0.0
     """Running time over which ``failures_seen`` were met, seconds (recovery excluded)."""
+    checkpoints_committed: int = 0
+    """Saves completed so far (0: a restart now would start the job from scratch)."""
+    saves_since_start: int = 0
+    """Saves begun since the job last (re)started."""
 
     @classmethod
     def from_scenario(

@@ -1,5 +1,6 @@
 """When saves happen: fixed intervals on a fake clock, milestones, and the learned failure rate."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -15,7 +16,7 @@ from simulator.controller.runlog import RUNLOG
 from simulator.controller.state import flatten
 from simulator.controller.storage import checkpoint_name
 from simulator.model.scenario import Scenario
-from simulator.policies import Adaptive, FixedInterval
+from simulator.policies import Adaptive, FixedInterval, PolicyContext
 
 
 class FakeClock:
@@ -75,6 +76,15 @@ def write_crashed_sessions(directory, n, hours_each):
         for i in range(n):
             for event, t in (("start", 0.0), ("save", hours_each * 3600.0)):
                 f.write(json.dumps({"event": event, "session": f"s{i}", "session_s": t}) + "\n")
+
+
+def first_save(ck, clock, iteration_s):
+    """The step of the first save, running steps of ``iteration_s`` until it comes."""
+    for step in itertools.count(1):
+        clock.now += iteration_s
+        if ck.step(step):
+            return step
+        assert step < 100_000, "no save"
 
 
 def planned(directory, clock):
@@ -193,3 +203,74 @@ def test_collectives_run_only_at_save_time_never_per_step(tmp_path, backend_type
     assert ck2.restore() == saved[-1][0]
     ck2.close()
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+# -- the live controller's step rules, simulated ---------------------------------------------
+def test_the_simulated_controller_saves_first_where_the_live_one_does_probe_included(tmp_path):
+    # The live AdaptiveCheckpointer probes `probe_steps` steps, then chooses its first
+    # interval in whole steps; ControllerPolicy(step_s=...) is what the DES runs of it, and must
+    # put the first save on the same step. Without a scenario (no δ before the first save) the
+    # probe itself ends in the first save.
+    from simulator.controller.schedule import ControllerPolicy
+
+    scenario = Scenario(mtbf_h=2.0, checkpoint_s=60.0, restart_s=600.0)
+    for step_s, probe in [(7.0, 5), (0.9, 20), (31.0, 3)]:
+        clock = FakeClock()
+        folder = tmp_path / f"{step_s}"
+        ck = AdaptiveCheckpointer(
+            folder, model=torch.nn.Linear(2, 2), scenario=scenario, clock=clock,
+            probe_steps=probe,
+        )  # fmt: skip
+        ck.restore()
+        live = first_save(ck, clock, step_s)
+        ck.close()
+        policy = ControllerPolicy(step_s=step_s, probe_steps=probe)
+        simulated = policy.next_interval_s(PolicyContext.from_scenario(scenario)) / step_s
+        assert simulated == pytest.approx(live, abs=1e-9), (step_s, probe)
+        assert live > probe
+
+    clock = FakeClock()
+    ck = AdaptiveCheckpointer(
+        tmp_path / "none", model=torch.nn.Linear(2, 2), mtbf_h=2.0, clock=clock, probe_steps=7
+    )
+    live = first_save(ck, clock, 3.0)
+    ck.close()
+    policy = ControllerPolicy(step_s=3.0, probe_steps=7, first_save_at_probe=True)
+    assert policy.next_interval_s(PolicyContext.from_scenario(scenario)) == live * 3.0 == 21.0
+
+
+def test_in_the_des_the_controller_probes_only_on_a_start_without_a_checkpoint():
+    # A failure before the first save lands means the next launch starts from scratch, and the
+    # live controller probes again; after a save lands it resumes with the measured iteration
+    # time and does not. Every interval is whole steps.
+    from simulator.controller.schedule import ControllerPolicy
+    from simulator.engines.des_replicas import run_replica
+
+    step_s, probe = 4.0, 10
+    inner = ControllerPolicy(step_s=step_s, probe_steps=probe)
+    seen = []
+
+    class Recording:
+        name, learns = "recording", True
+
+        def next_interval_s(self, ctx):
+            seen.append((ctx, inner.next_interval_s(ctx)))
+            return seen[-1][1]
+
+    scenario = Scenario(mtbf_h=1.0, checkpoint_s=30.0, restart_s=120.0, work_h=6.0)
+    first = inner.next_interval_s(PolicyContext.from_scenario(scenario))
+    kills = [first / 2, first / 2 + 120.0 + first + 30.0 + 60.0]  # before save 1; after one
+    rec = run_replica(scenario, Recording(), 1, failure_times=kills)
+    assert rec["failures"] == 2
+    probes = []
+    for ctx, interval_s in seen:
+        steps = interval_s / step_s
+        assert steps == pytest.approx(round(steps), abs=1e-9)
+        plain = dataclasses.replace(ctx, checkpoints_committed=1)  # the same, without a probe
+        probed = interval_s - inner.next_interval_s(plain) > probe * step_s / 2
+        probes.append(probed)
+        assert probed == (ctx.checkpoints_committed == 0 and ctx.saves_since_start == 0)
+    # The start and the launch after the first kill probe; nothing after the first save does.
+    assert probes[:2] == [True, True] and not any(probes[2:])
+    assert seen[1][0].failures_seen == 1 and seen[1][0].checkpoints_committed == 0
+    assert any(ctx.failures_seen == 2 and ctx.checkpoints_committed > 0 for ctx, _ in seen)

@@ -85,6 +85,14 @@ def register(subparsers) -> None:
         "one), to see what a wrong prior costs while the run learns",
     )
     pol.add_argument(
+        "--step-s",
+        type=positive_float("seconds"),
+        metavar="S",
+        help="with --policy controller: seconds per training step; the controller then saves "
+        "only between steps and, starting with no checkpoint, runs its 20-step probe before "
+        "the first interval, as it does in training",
+    )
+    pol.add_argument(
         "--tier-interval-s",
         action="append",
         default=[],
@@ -280,6 +288,10 @@ def run(args: argparse.Namespace) -> int:
         if args.policy != "controller":
             raise InputError("--prior-mtbf-h needs --policy controller")
         policy = dataclasses.replace(policy, prior_mtbf_s=args.prior_mtbf_h * 3600.0)
+    if args.step_s is not None:
+        if args.policy != "controller":
+            raise InputError("--step-s needs --policy controller (the steps the controller counts)")
+        policy = dataclasses.replace(policy, step_s=args.step_s)
     workers = workers_for(args, args.replicas, "ckptsim simulate")
     intervals = budget.policy_intervals(scenario, [policy])
     engine = choose_engine(scenario, args.engine, [policy])

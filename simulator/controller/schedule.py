@@ -29,6 +29,7 @@ __all__ = [
     "Estimates",
     "Schedule",
     "after_the_write",
+    "interval_steps",
     "learned_context",
 ]
 
@@ -76,6 +77,12 @@ def after_the_write(interval_s: float, write_s: float) -> float:
     return max(float(interval_s), float(write_s))
 
 
+def interval_steps(interval_s: float, iteration_s: float) -> int:
+    """An interval as whole training steps: the nearest count, never fewer than one (the
+    controller saves only between steps)."""
+    return max(1, round(float(interval_s) / max(float(iteration_s), 1e-9)))
+
+
 @dataclass(frozen=True)
 class ControllerPolicy:
     """The live controller's decision, for the simulator: ``inner`` (``Adaptive`` by default,
@@ -83,31 +90,52 @@ class ControllerPolicy:
     a run learns from the failures it meets, from a Gamma prior of ``prior_weight`` failures
     centred on ``prior_mtbf_s`` (None: the job's true MTBF, as the controller's prior from a
     scenario), with the async clamp. It learns, so it needs the DES, which passes
-    ``failures_seen`` and ``exposure_s`` in each :class:`PolicyContext`."""
+    ``failures_seen`` and ``exposure_s`` in each :class:`PolicyContext`.
+
+    With ``step_s`` it also keeps the live controller's step rules: intervals are whole steps
+    (:func:`interval_steps`), and a start with no checkpoint to resume probes ``probe_steps``
+    steps first — the probe is compute without a save, after which the first interval starts,
+    or, with ``first_save_at_probe`` (a controller given no scenario, so no δ before its first
+    save), the probe ends in the first save. A restart from a checkpoint does not probe: the
+    checkpoint holds the measured iteration time (``Estimates``)."""
 
     prior_mtbf_s: float | None = None
     prior_weight: float = 2.0
     inner: Policy | None = None
+    step_s: float | None = None
+    """Seconds per training step (None: intervals in continuous time, no probe)."""
+    probe_steps: int = 20
+    first_save_at_probe: bool = False
     name: str = "controller"
     learns = True
 
     def next_interval_s(self, ctx: PolicyContext) -> float:
         from simulator.policies import Adaptive
 
+        fresh = self.step_s is not None and ctx.checkpoints_committed == 0
+        probe_s = self.probe_steps * self.step_s if fresh and ctx.saves_since_start == 0 else 0.0
+        if probe_s and self.first_save_at_probe:
+            return probe_s
+        # The live controller chooses its first interval when the probe ends, not before it.
         prior_mtbf = self.prior_mtbf_s if self.prior_mtbf_s is not None else ctx.mtbf_s
         posterior = FailureRatePosterior.from_prior(prior_mtbf, self.prior_weight).observe(
-            ctx.failures_seen, ctx.exposure_s
+            ctx.failures_seen, ctx.exposure_s + probe_s
         )
         learned = learned_context(
             posterior,
             checkpoint_s=ctx.checkpoint_s,
             restart_s=ctx.restart_s,
-            age_s=ctx.age_s,
+            age_s=ctx.age_s + probe_s,
             component=ctx.component,
             n_components=ctx.n_components,
             other_rate_per_s=ctx.other_rate_per_s,
         )
-        return after_the_write((self.inner or Adaptive()).next_interval_s(learned), ctx.write_s)
+        interval_s = after_the_write(
+            (self.inner or Adaptive()).next_interval_s(learned), ctx.write_s
+        )
+        if self.step_s is None:
+            return interval_s
+        return probe_s + interval_steps(interval_s, self.step_s) * self.step_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +269,7 @@ class Schedule:
             if self.asynchronous and self.write.value is not None:
                 interval_s = after_the_write(interval_s, self.write.value)
             self.interval_s = interval_s
-            steps = max(1, round(interval_s / max(self.iteration.value, 1e-9)))
+            steps = interval_steps(interval_s, self.iteration.value)
         self.interval_steps = steps
         due = step + steps
         for m in self.milestones:

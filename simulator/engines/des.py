@@ -94,13 +94,15 @@ class ClusterJob:
         if not scenario.failure_classes:
             ctx = PolicyContext.from_scenario(scenario)
             self._ctx = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
-            for per_decision in ("age_s", "failures_seen", "exposure_s"):
+            per = ("age_s", "failures_seen", "exposure_s", "checkpoints_committed")
+            for per_decision in (*per, "saves_since_start"):
                 del self._ctx[per_decision]
         # Job state: progress, the progress in the last completed checkpoint, buckets.
         self.done_s = 0.0
         self.committed_s = 0.0
         self.last_failure_s = 0.0
         self.recovering = False
+        self.saves_since_start = 0
         self.spares_owed = 0
         self.writer: simpy.Process | None = None
         self.t = dict(compute=0.0, lost=0.0, checkpoint=0.0, recovery=0.0, spare_wait=0.0)
@@ -149,6 +151,8 @@ class ClusterJob:
                     age_s=env.now - self.last_failure_s,
                     failures_seen=self.n["failures"],
                     exposure_s=max(env.now - self.t["recovery"], 0.0),
+                    checkpoints_committed=n["checkpoints"],
+                    saves_since_start=self.saves_since_start,
                 )
                 interval_s = float(policy.next_interval_s(ctx))
                 if not (math.isfinite(interval_s) and interval_s > 0):
@@ -168,6 +172,7 @@ class ClusterJob:
                 self.done_s = work_s if segment >= left else self.done_s + segment
                 # Save.
                 n["events"] += 1
+                self.saves_since_start += 1
                 if not self.async_save:
                     start = env.now
                     phase = "stall"
@@ -251,6 +256,7 @@ class ClusterJob:
             self.writer.interrupt("failure")
         self.writer = None
         self.recovering = True
+        self.saves_since_start = 0
         self.last_failure_s = self.env.now
         if self.pool is not None:
             self.spares_owed += 1
