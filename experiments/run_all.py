@@ -17,6 +17,7 @@ STUDIES = (
     "presets_check",
     "titan_trace",
     "async_vs_sync",
+    "tiers",
     "scaling",
     "age_aware",
     "sweep_benchmark",

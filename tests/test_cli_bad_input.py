@@ -71,6 +71,8 @@ def assert_one_line_error(code, err, fragment):
         (["plot", "tornado", *JOB[:6], "--factor", "1e300", "--out", "t"], "at most 100"),
         (["bench", "--sizes", "100K", "--repeats", "100000"], "--repeats 100000: at most"),
         (["simulate", *JOB, "--prior-mtbf-h", "3"], "--prior-mtbf-h needs --policy controller"),
+        (["simulate", *JOB, "--step-s", "3"], "--step-s needs --policy controller"),
+        (["simulate", *JOB, "--policy", "controller", "--step-s", "0"], "--step-s"),
         (["sweep", *JOB, "--vary", "checkpoint_s=30,60", "--policies", "controller",
           "--engine", "fast"], "learns from the failures a replica meets"),
         (["sweep", "--scenario", "llama3-mix", "--vary", "checkpoint_s=30,60"],

@@ -86,6 +86,19 @@ def test_the_controller_policy_simulates_what_a_wrong_prior_costs_while_it_learn
     assert wrong["checkpoints_mean"] < 0.8 * right["checkpoints_mean"]
 
 
+def test_with_step_s_the_controller_pays_for_its_probe_on_every_fresh_start(capsys):
+    # --step-s adds the live controller's step rules: before its first save it probes 20
+    # steps, here of 3 h each: 60 h of compute against a 30 h MTBF, so most fresh starts are
+    # killed before their first save and start again from scratch.
+    job = ["--mtbf-h", "30", "--checkpoint-s", "120", "--restart-s", "600", "--work-h", "500",
+           "--replicas", "30", "--workers", "1", "--seed", "5",
+           "--policy", "controller"]  # fmt: skip
+    plain = run_json(capsys, *job)
+    stepped = run_json(capsys, *job, "--step-s", "10800")
+    assert stepped["waste_fraction_ci95"][0] > plain["waste_fraction_ci95"][1]
+    assert stepped["lost_h_mean"] > 2 * plain["lost_h_mean"]
+
+
 def test_json_carries_the_documented_keys(capsys):
     out = run_json(capsys, *JOB, "--usd-per-gpu-hour", "2.5")
     for key in ("wall_h_mean", "waste_fraction_mean", "failures_mean", "checkpoints_mean"):

@@ -1,0 +1,259 @@
+"""The simulated optimum of a tiered schedule: every tier's interval at once, by simulation.
+
+The first-order closed form (``model.tiers.first_order_plan``, Benoit et al. 2017) assumes
+each tier's failures are rare against its interval and that the tiers do not interact; the
+DES assumes neither. Here the objective is the mean wall time over replicas of the tiered
+DES, every candidate schedule on the same failure histories (common random numbers, as in
+``simulator.optimize``). The search works in log-interval space:
+
+- Round 1 evaluates a 3^k design (k tiers searched) around the first-order intervals, at
+  half their value and twice it; a least-squares quadratic through those points, smoothed
+  over the noise, gives its minimiser, kept inside the design's box (half a step past it).
+- Round 2 does the same around that minimiser with a box of √2 either way.
+- The estimate is round 2's minimiser: 2·3^k evaluations in all (18 for two tiers), never
+  the single noisy best point. Round 2's replicas, resampled with their pairing kept
+  (bootstrap), give percentile intervals for each tier's interval.
+
+A tier whose first-order interval is infinite (no failure class needs it) is not searched:
+it takes only the job's final save. Searching one tier with the others at infinity is the
+best single-tier schedule (``single_tier=True``), so the two answers are found the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simulator.engines.results import mean_ci
+from simulator.errors import InputError
+from simulator.model.tiers import TierSchedule, first_order_plan, single_tier_plan
+
+__all__ = ["TierOptimum", "evaluate_schedules", "search_tiers", "waste_summary"]
+
+ROUNDS = ((math.log(2.0), 1.5), (0.5 * math.log(2.0), 1.5))
+"""(half-width of the 3^k design in log interval, how far past it the minimiser may go, in
+half-widths) for each round."""
+
+
+@dataclass(frozen=True)
+class TierOptimum:
+    """The simulated optimum: each searched tier's interval with a bootstrap 95 % interval."""
+
+    intervals_s: dict[str, float]
+    ci95_s: dict[str, tuple[float, float]]
+    evaluations: int
+    replicas: int
+    searched: tuple[str, ...]
+
+    def schedule(self) -> TierSchedule:
+        return TierSchedule(dict(self.intervals_s))
+
+
+def evaluate_schedules(
+    scenario, schedules, *, replicas: int, seed=0, workers: int | None = 1, bar=None
+) -> np.ndarray:
+    """Wall time (s) of each schedule on each replica, shape (schedules, replicas); replica r
+    meets the same failures under every schedule."""
+    from simulator.optimize import evaluate
+
+    out = evaluate(
+        scenario, list(schedules), replicas=replicas, seed=seed, engine="des", workers=workers,
+        bar=bar,
+    )  # fmt: skip
+    return np.asarray(out["wall_s"], dtype=float)
+
+
+def _features(x: np.ndarray) -> np.ndarray:
+    """[1, x_i, x_i·x_j (i ≤ j)] of each row of x: a full quadratic."""
+    n, k = x.shape
+    cols = [np.ones(n), *(x[:, i] for i in range(k))]
+    cols += [x[:, i] * x[:, j] for i in range(k) for j in range(i, k)]
+    return np.stack(cols, axis=1)
+
+
+def _quadratic_min(x: np.ndarray, y: np.ndarray, centre: np.ndarray, reach: float) -> np.ndarray:
+    """Minimiser of the least-squares quadratic through (x, y), clipped to centre ± reach; the
+    best point when the fit has no minimum (a flat or saddle-shaped fit of noise)."""
+    k = x.shape[1]
+    coef, *_ = np.linalg.lstsq(_features(x - centre), y - y.mean(), rcond=None)
+    b = coef[1 : 1 + k]
+    h = np.zeros((k, k))
+    idx = 1 + k
+    for i in range(k):
+        for j in range(i, k):
+            h[i, j] += coef[idx] if i != j else 2 * coef[idx]
+            h[j, i] += coef[idx] if i != j else 0.0
+            idx += 1
+    try:
+        positive = bool(np.all(np.linalg.eigvalsh(h) > 0))
+    except np.linalg.LinAlgError:
+        positive = False
+    if not positive:
+        return x[int(np.argmin(y))].copy()
+    step = np.linalg.solve(h, -b)
+    return centre + np.clip(step, -reach, reach)
+
+
+def _schedules(names, points, fixed) -> list[TierSchedule]:
+    return [
+        TierSchedule({**fixed, **{n: float(math.exp(v)) for n, v in zip(names, p, strict=True)}})
+        for p in points
+    ]
+
+
+def search_tiers(
+    scenario,
+    *,
+    replicas: int,
+    seed=0,
+    single_tier: bool = False,
+    workers: int | None = 1,
+    bar=None,
+    boot: int = 400,
+) -> TierOptimum:
+    """The simulated optimum of every tier's interval (``single_tier``: of the best single
+    tier's, the other tiers saved only at the end), starting from the first-order plan."""
+    if not scenario.tiers:
+        raise InputError("a tier search needs [[tier]] tables in the scenario")
+    if replicas < 2:
+        raise InputError("a tier search needs 2 or more replicas (the fit smooths over noise)")
+    names_all = [t.name for t in scenario.tiers]
+    if single_tier:
+        plan = single_tier_plan(scenario)
+        start = {n: math.inf for n in names_all} | {plan["tier"]: plan["interval_s"]}
+    else:
+        start = dict(first_order_plan(scenario)["tier_intervals_s"])
+    names = tuple(n for n in names_all if math.isfinite(start[n]))
+    fixed = {n: math.inf for n in names_all if n not in names}
+    centre = np.log([start[n] for n in names])
+    k = len(names)
+    offsets = np.array(list(itertools.product((-1.0, 0.0, 1.0), repeat=k)))
+    evaluations = 0
+    for half, past in ROUNDS:
+        points = centre + half * offsets
+        walls = evaluate_schedules(
+            scenario, _schedules(names, points, fixed), replicas=replicas, seed=seed,
+            workers=workers, bar=bar,
+        )  # fmt: skip
+        evaluations += len(points)
+        best = _quadratic_min(points, walls.mean(axis=1), centre, past * half)
+        last = (points, walls, centre, past * half)
+        centre = best
+    points, walls, around, reach = last
+    rng = np.random.default_rng(0)
+    draws = np.array(
+        [
+            _quadratic_min(points, walls[:, idx].mean(axis=1), around, reach)
+            for idx in (rng.integers(0, replicas, replicas) for _ in range(boot))
+        ]
+    )
+    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
+    return TierOptimum(
+        intervals_s={
+            **fixed,
+            **{n: float(math.exp(v)) for n, v in zip(names, centre, strict=True)},
+        },
+        ci95_s={
+            n: (float(math.exp(a)), float(math.exp(b)))
+            for n, a, b in zip(names, lo, hi, strict=True)
+        },
+        evaluations=evaluations,
+        replicas=replicas,
+        searched=names,
+    )
+
+
+def waste_summary(scenario, walls: np.ndarray) -> dict[str, Any]:
+    """Waste (1 − work/wall) of each replica, its mean and 95 % CI, and the dollars a day
+    that waste costs the cluster (when the scenario has GPUs and a price)."""
+    waste = 1.0 - float(scenario.work_s) / np.asarray(walls, dtype=float)
+    mean, lo, hi = mean_ci(waste)
+    out: dict[str, Any] = {"waste_fraction": mean, "waste_fraction_ci95": [lo, hi]}
+    if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
+        from simulator.model.money import usd_lost_per_day
+
+        day = [
+            float(usd_lost_per_day(scenario.gpus, scenario.usd_per_gpu_hour, w))
+            for w in (mean, lo, hi)
+        ]
+        out["usd_lost_per_day"], out["usd_lost_per_day_ci95"] = day[0], day[1:]
+    return out
+
+
+def evaluations_for(scenario) -> int:
+    """How many schedules :func:`simulate_tier_plan` runs (each on every replica)."""
+    plan = first_order_plan(scenario)["tier_intervals_s"]
+    k = sum(math.isfinite(v) for v in plan.values())
+    return len(ROUNDS) * (3**k + 3) + 3  # the tiers' search, the single tier's, the check
+
+
+def simulate_tier_plan(
+    scenario,
+    *,
+    replicas: int,
+    seed=0,
+    workers: int | None = 1,
+    progress: bool = False,
+    extra: dict[str, TierSchedule] | None = None,
+) -> dict[str, Any]:
+    """The simulated optimum of every tier's interval and of the best single tier, then both
+    and the first-order plan run again on fresh seeds (paired), so their waste, dollars and
+    the difference between them are measured out of sample: what ``ckptsim optimize
+    --simulate`` prints for a tiered scenario. ``extra`` schedules (label -> schedule, e.g.
+    hand-set intervals) join that check, each with its waste and its excess waste over the
+    simulated optimum (``extra``)."""
+    from tqdm.auto import tqdm
+
+    from simulator.optimize import paired_excess
+
+    first = TierSchedule(dict(first_order_plan(scenario)["tier_intervals_s"]))
+    search_ss, check_ss = np.random.SeedSequence(seed).spawn(2)  # as optimize_by_simulation
+    extra = dict(extra or {})
+    total = (evaluations_for(scenario) + len(extra)) * replicas
+    with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
+        tiers = search_tiers(scenario, replicas=replicas, seed=search_ss, workers=workers, bar=bar)
+        single = search_tiers(
+            scenario, replicas=replicas, seed=search_ss, single_tier=True, workers=workers,
+            bar=bar,
+        )  # fmt: skip
+        check = evaluate_schedules(
+            scenario, [tiers.schedule(), single.schedule(), first, *extra.values()],
+            replicas=replicas,
+            seed=check_ss, workers=workers, bar=bar,
+        )  # fmt: skip
+    (name,) = single.searched
+    waste = 1.0 - scenario.work_s / check  # per schedule and replica
+    saved = paired_excess(waste[1], waste[0])  # the single tier's waste minus the tiers'
+    excess = {label: paired_excess(waste[3 + i], waste[0]) for i, label in enumerate(extra)}
+    out: dict[str, Any] = {
+        "method": (
+            f"DES under common random numbers: two rounds of a 3^k design in log interval "
+            f"around the first-order plan, each smoothed by a quadratic; {replicas} replicas "
+            "per schedule, then checked on fresh seeds"
+        ),
+        "replicas": replicas,
+        "evaluations": tiers.evaluations + single.evaluations + 3 + len(extra),
+        "tier_intervals_s": tiers.intervals_s,
+        "tier_intervals_ci95_s": {k: list(v) for k, v in tiers.ci95_s.items()},
+        **waste_summary(scenario, check[0]),
+        "single_tier": name,
+        "single_tier_interval_s": single.intervals_s[name],
+        "single_tier_interval_ci95_s": list(single.ci95_s[name]),
+        "single_tier_simulated": waste_summary(scenario, check[1]),
+        "first_order": waste_summary(scenario, check[2]),
+        "waste_saved_vs_single_tier": {k: saved[k] for k in ("mean", "lo", "hi")},
+    }
+    if extra:
+        out["extra"] = {
+            label: {
+                "tier_intervals_s": dict(extra[label].intervals_s),
+                **waste_summary(scenario, check[3 + i]),
+                "excess_waste": {k: excess[label][k] for k in ("mean", "lo", "hi")},
+            }
+            for i, label in enumerate(extra)
+        }
+    return out
