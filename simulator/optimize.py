@@ -34,7 +34,7 @@ from scipy import optimize, stats
 
 from simulator import analytic
 from simulator.engines import fast
-from simulator.engines.results import mean_ci
+from simulator.engines.results import is_part, mean_ci
 from simulator.errors import InputError
 from simulator.model.scenario import Scenario
 from simulator.policies import (
@@ -103,6 +103,7 @@ def _des_replica(scenario: Scenario, policy: Policy, seed, failure_times=None) -
     rec = des_replicas.run_replica(scenario, policy, seed, failure_times=failure_times)
     row = {k[:-2] + "_s": rec[k] * 3600.0 for k in rec if k.endswith("_h")}
     row.update(failures=rec["failures"], checkpoints=rec["checkpoints"])
+    row.update({k: v for k, v in rec.items() if is_part(k) and not k.endswith("_h")})
     price = scenario.usd_per_gpu_hour
     gpus = scenario.gpus or 1
     row["cost_usd"] = row["wall_s"] / 3600.0 * gpus * price if price is not None else np.nan
@@ -154,9 +155,10 @@ def evaluate(
     out = {k: np.full((len(policies), replicas), np.nan) for k in fast.FIELDS}
 
     def store(i: int, r: int, row: dict) -> None:
-        for k in fast.FIELDS:
-            if k in row:
-                out[k][i, r] = row[k]
+        for k, value in row.items():  # a tiered run's per-class and per-tier columns too
+            if k not in out:
+                out[k] = np.full((len(policies), replicas), np.nan)
+            out[k][i, r] = value
 
     items = [(i, pol, r, s) for i, pol in enumerate(policies) for r, s in enumerate(seeds)]
     workers = worker_count(workers, len(items))

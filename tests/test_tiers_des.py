@@ -125,3 +125,15 @@ def test_a_tiered_scenario_without_intervals_or_with_a_plain_policy_is_one_line(
         run(s, FixedInterval(600.0), replicas=1)
     with pytest.raises(InputError, match="no tier named 'disk'"):
         TierSchedule.for_scenario(s, {"disk": 5.0})
+
+
+def test_lost_work_and_recovery_per_class_add_up_to_the_whole_of_each():
+    # The per-class breakdown (lost_by_<class>_h, recovery_by_<class>_h) charges every second
+    # of rollback and of recovery, one cut short by a second failure included, to one class.
+    s = Scenario(**{**TWO, "work_h": 40.0, "restart_s": 1800.0})
+    rec = run(s, TierSchedule({"memory": 300.0, "persistent": 3000.0}), replicas=12).records
+    assert rec["failures_in_recovery"].sum() > 0  # recoveries were cut short
+    for total, part in (("lost_h", "lost_by_"), ("recovery_h", "recovery_by_")):
+        parts = rec[[f"{part}{c}_h" for c in ("process", "node")]].sum(axis=1)
+        np.testing.assert_allclose(parts, rec[total], rtol=1e-12, atol=1e-9)
+        assert (rec[f"{part}node_h"] > 0).any() and (rec[f"{part}process_h"] > 0).any()

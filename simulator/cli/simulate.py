@@ -331,6 +331,19 @@ ROWS = (
 )
 
 
+def _is_part_mean(key: str) -> bool:
+    from simulator.engines.results import is_part
+
+    return key.endswith("_mean") and is_part(key[:-5])
+
+
+def _part_label(column: str) -> str:
+    """'failures gpu', 'lost by gpu (h)', 'saves memory': a per-part column for a person."""
+    if column.endswith("_h"):
+        return column[:-2].replace("_", " ", 2) + " (h)"
+    return column.replace("_", " ", 1)
+
+
 def render(s: dict) -> str:
     """The human table and a one-line verdict."""
     policy = f"every {format_duration(s['interval_s'])}" if s.get("interval_s") else s["policy"]
@@ -342,12 +355,7 @@ def render(s: dict) -> str:
     lines = [head, ""]
     cols = ("mean", "95% CI of mean", "p50", "p90", "p99")
     lines.append(f"{'':24}" + "".join(f"{c:>27}" if c[0] == "9" else f"{c:>14}" for c in cols))
-    parts = [
-        (key[:-5].replace("_", " ", 1), key[:-5], "{:,.1f}")
-        for key in s
-        if key.endswith("_mean") and key.startswith(("failures_", "saves_", "restores_"))
-        and key not in ("failures_mean", "failures_in_recovery_mean")
-    ]  # fmt: skip
+    parts = [(_part_label(key[:-5]), key[:-5], "{:,.1f}") for key in s if _is_part_mean(key)]
     for label, key, fmt in (*ROWS, *parts):
         if f"{key}_mean" not in s:
             continue

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.engines.des import ClusterJob, failure_source_for
-from simulator.engines.results import SimulationResult, check_replicas
+from simulator.engines.results import SimulationResult, check_replicas, is_part
 from simulator.engines.streams import replica_seed, replica_streams, run_seed
 from simulator.engines.workers import run_tasks, worker_count
 from simulator.errors import InputError
@@ -71,10 +71,14 @@ def run_replica(
         "failures_in_recovery": raw["failures_in_recovery"],
         "events": raw["events"],
     }
-    # Per-class failure and per-tier save/restore counts of a tiered scenario.
-    record.update(
-        {k: v for k, v in raw.items() if k.startswith(("failures_", "saves_", "restores_"))}
-    )
+    # Per-class failures, lost work and recovery, per-tier saves and restores of a tiered
+    # scenario (the raw times in seconds, the record's in hours as everywhere).
+    for key, value in raw.items():
+        if is_part(key):
+            if key.endswith("_s"):
+                record[key[:-2] + "_h"] = value / HOUR
+            else:
+                record[key] = value
     if scenario.usd_per_gpu_hour is not None and scenario.gpus is not None:
         record["usd"] = record["wall_h"] * scenario.gpus * scenario.usd_per_gpu_hour
     return record

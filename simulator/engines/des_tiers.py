@@ -65,6 +65,8 @@ class TieredClusterJob(ClusterJob):
         self.saved = dict.fromkeys(self.tier_write, 0)  # saves of each tier since the start
         self.writers: dict[str, simpy.Process] = {}
         self.counts = {f"failures_{c}": 0 for c in self.classes}
+        self.counts.update({f"lost_by_{c}_s": 0.0 for c in self.classes})
+        self.counts.update({f"recovery_by_{c}_s": 0.0 for c in self.classes})
         self.counts.update({f"saves_{t}": 0 for t in self.tier_write})
         self.counts.update({f"restores_{t}": 0 for t in self.tier_write})
         self.failure_log: list[tuple[float, str]] = []
@@ -163,7 +165,13 @@ class TieredClusterJob(ClusterJob):
         return c.detection_s, restart + restore + s.warmup_s
 
     def _recover(self):
-        yield from super()._recover()
+        # Charged to the class being recovered from, cut short or not, so the classes' shares
+        # add up to the whole recovery time.
+        start, name = self.env.now, self.classes[self.pending[0]]
+        try:
+            yield from super()._recover()
+        finally:
+            self.counts[f"recovery_by_{name}_s"] += self.env.now - start
         tier = self.pending[1]
         if tier is not None:
             self.counts[f"restores_{tier.name}"] += 1
@@ -184,6 +192,7 @@ class TieredClusterJob(ClusterJob):
         self.writers = {}
         at, tier = rollback(self.copies, self.tiers, name)
         self.t["lost"] += self.done_s - at
+        self.counts[f"lost_by_{name}_s"] += self.done_s - at
         self.done_s = at
         for t in self.tiers:
             copy = self.copies[t.name]

@@ -22,9 +22,11 @@ from simulator.errors import InputError
 
 __all__ = [
     "METRICS",
+    "PART_PREFIXES",
     "SimulationResult",
     "describe",
     "goal_verdict",
+    "is_part",
     "mean_ci",
 ]
 
@@ -41,6 +43,16 @@ METRICS = (
     "failures_in_recovery",
     "usd",
 )
+
+PART_PREFIXES = ("failures_", "saves_", "restores_", "lost_by_", "recovery_by_")
+"""A tiered run's per-part columns: failures, lost work (h) and recovery (h) per failure
+class (``failures_gpu``, ``lost_by_gpu_h``, ``recovery_by_gpu_h``), saves and restores per
+tier (``saves_memory``, ``restores_memory``)."""
+
+
+def is_part(column: str) -> bool:
+    """Whether ``column`` is one of a tiered run's per-class or per-tier columns."""
+    return column.startswith(PART_PREFIXES) and column != "failures_in_recovery"
 """Columns that ``summary()`` describes (``usd`` only when a price was given)."""
 
 OUT_SUFFIXES = (".csv", ".parquet", ".pq")
@@ -165,7 +177,7 @@ class SimulationResult:
             **self.meta,
         }
         # A tiered run also counts failures per class and saves and restores per tier.
-        per_part = [c for c in self.records if c.startswith(("failures_", "saves_", "restores_"))]
+        per_part = [c for c in self.records if is_part(c)]
         for metric in (*METRICS, *(c for c in per_part if c not in METRICS)):
             if metric not in self.records:
                 continue
