@@ -29,7 +29,7 @@ def figure(ax, name: str) -> str:
 def table(df, floatfmt: str = ".4g") -> str:
     """A Markdown table of a DataFrame (no index); a column named ``... (USD)`` is money.
 
-    Money is written by ``results.format_usd`` ($49,820,000, never 4.982e+07), the same
+    Money is written by ``display.format_usd`` ($49,820,000, never 4.982e+07), the same
     format as the CLI and the figures, and the ``(USD)`` is dropped from the header.
     """
     cols = list(df.columns)

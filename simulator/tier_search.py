@@ -21,6 +21,7 @@ best single-tier schedule (``single_tier=True``), so the two answers are found t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ __all__ = ["TierOptimum", "evaluate_schedules", "search_tiers", "waste_summary"]
 ROUNDS = ((math.log(2.0), 1.5), (0.5 * math.log(2.0), 1.5))
 """(half-width of the 3^k design in log interval, how far past it the minimiser may go, in
 half-widths) for each round."""
+EXTRA_ROUNDS = 3
+"""A round whose minimiser ends on its box's edge (the basin lies further out) is run again
+around that edge, at most this many times in all; an answer still on the edge says so."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class TierOptimum:
     evaluations: int
     replicas: int
     searched: tuple[str, ...]
+    at_edge: bool = False
+    """The last round's minimiser lay on its box's edge: the optimum may lie further out."""
 
     def schedule(self) -> TierSchedule:
         return TierSchedule(dict(self.intervals_s))
@@ -127,13 +133,17 @@ def search_tiers(
         start = {n: math.inf for n in names_all} | {plan["tier"]: plan["interval_s"]}
     else:
         start = dict(first_order_plan(scenario)["tier_intervals_s"])
-    names = tuple(n for n in names_all if math.isfinite(start[n]))
+    # A tier saved no more often than the whole job lasts takes only the final save anyway.
+    names = tuple(n for n in names_all if start[n] < float(scenario.work_s))
     fixed = {n: math.inf for n in names_all if n not in names}
+    if not names:
+        return TierOptimum(dict(fixed), {}, 0, replicas, ())
     centre = np.log([start[n] for n in names])
     k = len(names)
     offsets = np.array(list(itertools.product((-1.0, 0.0, 1.0), repeat=k)))
-    evaluations = 0
-    for half, past in ROUNDS:
+    evaluations, extra, i = 0, 0, 0
+    while i < len(ROUNDS):
+        half, past = ROUNDS[i]
         points = centre + half * offsets
         walls = evaluate_schedules(
             scenario, _schedules(names, points, fixed), replicas=replicas, seed=seed,
@@ -141,8 +151,16 @@ def search_tiers(
         )  # fmt: skip
         evaluations += len(points)
         best = _quadratic_min(points, walls.mean(axis=1), centre, past * half)
+        at_edge = bool(np.any(np.abs(best - centre) >= past * half * (1 - 1e-9)))
         last = (points, walls, centre, past * half)
         centre = best
+        if at_edge and extra < EXTRA_ROUNDS:
+            extra += 1  # the same round again, around the edge it stopped at
+            if bar is not None:
+                bar.total += len(points) * replicas
+                bar.refresh()
+            continue
+        i += 1
     points, walls, around, reach = last
     rng = np.random.default_rng(0)
     draws = np.array(
@@ -164,14 +182,17 @@ def search_tiers(
         evaluations=evaluations,
         replicas=replicas,
         searched=names,
+        at_edge=at_edge,
     )
 
 
 def waste_summary(scenario, walls: np.ndarray) -> dict[str, Any]:
-    """Waste (1 − work/wall) of each replica, its mean and 95 % CI, and the dollars a day
-    that waste costs the cluster (when the scenario has GPUs and a price)."""
+    """Waste (1 − work/wall) of each replica, its mean and 95 % CI (Student's t, kept inside
+    the possible 0 to 1), and the dollars a day that waste costs the cluster (when the
+    scenario has GPUs and a price)."""
     waste = 1.0 - float(scenario.work_s) / np.asarray(walls, dtype=float)
     mean, lo, hi = mean_ci(waste)
+    lo, hi = max(lo, 0.0), min(hi, 1.0)
     out: dict[str, Any] = {"waste_fraction": mean, "waste_fraction_ci95": [lo, hi]}
     if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
         from simulator.model.money import usd_lost_per_day
@@ -184,11 +205,35 @@ def waste_summary(scenario, walls: np.ndarray) -> dict[str, Any]:
     return out
 
 
+def _searched(scenario) -> tuple[int, bool]:
+    """(how many tiers the search varies, whether the single-tier search varies another set:
+    when it would vary the same one tier, the two searches are one)."""
+    work = float(scenario.work_s)
+    varied = {n for n, v in first_order_plan(scenario)["tier_intervals_s"].items() if v < work}
+    single = single_tier_plan(scenario)
+    alone = {single["tier"]} if single["interval_s"] < work else set()
+    return len(varied), varied != alone
+
+
 def evaluations_for(scenario) -> int:
-    """How many schedules :func:`simulate_tier_plan` runs (each on every replica)."""
-    plan = first_order_plan(scenario)["tier_intervals_s"]
-    k = sum(math.isfinite(v) for v in plan.values())
-    return len(ROUNDS) * (3**k + 3) + 3  # the tiers' search, the single tier's, the check
+    """How many schedules :func:`simulate_tier_plan` runs (each on every replica), when no
+    round needs running again (``EXTRA_ROUNDS``)."""
+    k, separate = _searched(scenario)
+    tiers = len(ROUNDS) * 3**k if k else 0
+    single = len(ROUNDS) * 3 if separate else 0
+    return tiers + single + 3  # and the check: the two optima and the first-order plan
+
+
+def budget_schedules(scenario) -> list[TierSchedule]:
+    """Schedules as many and as costly as :func:`simulate_tier_plan` runs, for the budget:
+    its designs centre on the first-order plan (tiers) and the first-order single tier."""
+    first = TierSchedule(dict(first_order_plan(scenario)["tier_intervals_s"]))
+    plan = single_tier_plan(scenario)
+    single = TierSchedule(
+        {t.name: math.inf for t in scenario.tiers} | {plan["tier"]: plan["interval_s"]}
+    )
+    n_single = len(ROUNDS) * 3 + 1 if _searched(scenario)[1] else 1
+    return [first] * (evaluations_for(scenario) - n_single) + [single] * n_single
 
 
 def simulate_tier_plan(
@@ -216,36 +261,43 @@ def simulate_tier_plan(
     total = (evaluations_for(scenario) + len(extra)) * replicas
     with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
         tiers = search_tiers(scenario, replicas=replicas, seed=search_ss, workers=workers, bar=bar)
-        single = search_tiers(
-            scenario, replicas=replicas, seed=search_ss, single_tier=True, workers=workers,
-            bar=bar,
-        )  # fmt: skip
+        if _searched(scenario)[1]:
+            single = search_tiers(
+                scenario, replicas=replicas, seed=search_ss, single_tier=True, workers=workers,
+                bar=bar,
+            )  # fmt: skip
+        else:  # the tiers' optimum varies one tier only: it is the single-tier search
+            single = dataclasses.replace(tiers, evaluations=0)
         check = evaluate_schedules(
             scenario, [tiers.schedule(), single.schedule(), first, *extra.values()],
             replicas=replicas,
             seed=check_ss, workers=workers, bar=bar,
         )  # fmt: skip
-    (name,) = single.searched
+    name = single_tier_plan(scenario)["tier"]
     waste = 1.0 - scenario.work_s / check  # per schedule and replica
     saved = paired_excess(waste[1], waste[0])  # the single tier's waste minus the tiers'
+    by_first = paired_excess(waste[2], waste[0])  # the first-order plan's minus the tiers'
     excess = {label: paired_excess(waste[3 + i], waste[0]) for i, label in enumerate(extra)}
     out: dict[str, Any] = {
         "method": (
             f"DES under common random numbers: two rounds of a 3^k design in log interval "
-            f"around the first-order plan, each smoothed by a quadratic; {replicas} replicas "
-            "per schedule, then checked on fresh seeds"
+            f"around the first-order plan (a round again while its minimum lies on its edge), "
+            f"each smoothed by a quadratic; {replicas} replicas per schedule, then checked on "
+            "fresh seeds"
         ),
         "replicas": replicas,
         "evaluations": tiers.evaluations + single.evaluations + 3 + len(extra),
+        "at_edge": tiers.at_edge or single.at_edge,
         "tier_intervals_s": tiers.intervals_s,
         "tier_intervals_ci95_s": {k: list(v) for k, v in tiers.ci95_s.items()},
         **waste_summary(scenario, check[0]),
         "single_tier": name,
         "single_tier_interval_s": single.intervals_s[name],
-        "single_tier_interval_ci95_s": list(single.ci95_s[name]),
+        "single_tier_interval_ci95_s": list(single.ci95_s.get(name, (math.inf, math.inf))),
         "single_tier_simulated": waste_summary(scenario, check[1]),
         "first_order": waste_summary(scenario, check[2]),
         "waste_saved_vs_single_tier": {k: saved[k] for k in ("mean", "lo", "hi")},
+        "waste_saved_vs_first_order": {k: by_first[k] for k in ("mean", "lo", "hi")},
     }
     if extra:
         out["extra"] = {

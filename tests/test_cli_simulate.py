@@ -216,3 +216,13 @@ def test_the_policy_flag_offers_every_policy_the_package_names():
     from simulator.policies import POLICY_NAMES
 
     assert set(POLICIES) == set(POLICY_NAMES) - {"fixed"}
+
+
+def test_a_long_probe_or_a_wrong_prior_is_budgeted_as_the_controller_settles_and_recorded(capsys):
+    # The budget assumes the interval a learner settles on, not its first guess (a 25 h step,
+    # or a prior MTBF 200,000x the job's), and the run records the controller's settings.
+    job = ["--gpus", "1024", "--gpu-mtbf-h", "50000", "--work-h", "50", "--replicas", "4",
+           "--workers", "1", "--policy", "controller"]  # fmt: skip
+    out = run_json(capsys, *job, "--step-s", "90000", "--prior-mtbf-h", "1e7")
+    assert out["step_s"] == 90000.0 and out["prior_mtbf_h"] == 1e7
+    assert out["wall_h_mean"] > 50

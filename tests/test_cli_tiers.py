@@ -238,3 +238,48 @@ def test_the_implicit_tier_writes_as_long_as_the_scenarios_own_save():
         failure_classes=[{"name": "process", "gpu_mtbf_h": 50000}],
     )  # fmt: skip
     assert s.tiers[0].write_s(s.nodes) == s.checkpoint_write_s == pytest.approx(2.835)
+
+
+def _variant(tmp_path, old, new):
+    path = tmp_path / "variant.toml"
+    text = textwrap.dedent(TWO_TIERS)
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return str(path)
+
+
+def test_an_internal_tier_field_in_a_file_is_an_unknown_field_not_a_traceback(capsys, tmp_path):
+    toml = _variant(tmp_path, 'name = "memory"\n', 'name = "memory"\nimplicit = true\n')
+    code, out, err = run(capsys, "optimize", "--scenario", toml)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "unknown field 'implicit'" in err and "implicit," not in err.split("known:")[1]
+
+
+def test_the_budget_of_a_tiered_run_counts_the_tiers_saves_not_the_scenarios_one(capsys, tmp_path):
+    # A memory tier of a nanosecond would be saved every few milliseconds: a budget refusal
+    # for its millions of saves, not "no headway" from a 60 s save the file does not have.
+    toml = _variant(tmp_path, "checkpoint_s = 2\n", "checkpoint_s = 1e-9\n")
+    code, _, err = run(capsys, "optimize", "--scenario", toml, "--simulate", "--replicas", "4")
+    assert code == 2 and "of one core" in err and "no headway" not in err, err
+    # ... and a tiered scenario that is hopeless even at its first-order intervals is refused
+    # there, not printed with a waste over 100 %.
+    toml = _variant(tmp_path, "checkpoint_s = 60\n", "checkpoint_s = 1e9\n")
+    code, out, err = run(capsys, "optimize", "--scenario", toml)
+    assert code == 2 and out == "" and "no headway" in err
+
+
+def test_flags_the_tier_model_does_not_take_are_refused_and_a_tier_no_job_needs_is_final_only(
+    capsys, tmp_path, toml
+):
+    code, _, err = run(capsys, "optimize", "--scenario", str(toml), "--step-s", "4")
+    assert code == 2 and "--step-s with [[tier]] tables" in err
+    # Node losses once in 1e12 h: no persistent save is worth it before the final one, and
+    # the search says so instead of "searching" intervals longer than the job.
+    rare = _variant(tmp_path, "node_mtbf_h = 20000\n", "node_mtbf_h = 1e12\n")
+    job = ["optimize", "--scenario", rare, "--simulate", "--replicas", "4", "--workers", "1"]
+    code, out, err = run(capsys, *job, "--json")
+    assert code == 0, err
+    sim = json.loads(out)["simulated"]
+    assert sim["tier_intervals_s"]["persistent"] is None  # inf in JSON
+    assert "persistent" not in sim["tier_intervals_ci95_s"]
+    assert sim["evaluations"] == 2 * 3 + 2 * 3 + 3  # memory alone; the persistent tier alone

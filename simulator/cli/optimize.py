@@ -248,12 +248,17 @@ def run(args: argparse.Namespace) -> int:
 def _run_tiers(args: argparse.Namespace, scenario) -> int:
     """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside."""
     from simulator.cli.common import print_json
-    from simulator.model.tiers import recommend_tiers
+    from simulator.model.tiers import final_tiers, recommend_tiers
 
     if getattr(args, "profile", None):
         raise InputError(
             "--profile with [[tier]] tables is not modelled yet: give each tier's checkpoint_s "
             "or bytes and bandwidths in its table"
+        )
+    if args.step_s is not None:
+        raise InputError(
+            "--step-s with [[tier]] tables is not modelled yet: the tiers' intervals are given "
+            "in seconds of compute"
         )
     result = recommend_tiers(scenario)
     if args.simulate:
@@ -261,15 +266,20 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
     if args.json:
         print_json(result)
         return 0
+    classes = len(scenario.failure_classes) or 1
     lines = [
         f"ckptsim optimize: {scenario.name} ({len(scenario.tiers)} "
         f"tier{'s' if len(scenario.tiers) != 1 else ''}, "
-        f"{len(scenario.failure_classes) or 1} failure classes), {result['method']}",
+        f"{classes} failure class{'es' if classes != 1 else ''}), {result['method']}",
         "",
         f"{'tier':<16}{'save every':>12}{'failures it restores (per h)':>32}",
     ]
+    final = {t.name for t in final_tiers(scenario.tiers)}
     for name, interval_s in result["tier_intervals_s"].items():
-        every = format_duration(interval_s) if interval_s != float("inf") else "final save only"
+        every = (
+            format_duration(interval_s) if interval_s != float("inf")
+            else "final save only" if name in final else "never"
+        )  # fmt: skip
         rate = result["tier_failure_rates_per_h"][name]
         lines.append(f"{name:<16}{every:>12}{rate:>32.4g}")
     money = "usd_lost_per_day" in result
@@ -299,28 +309,23 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
         )
     lines.append("Recommendation: " + advice)
     if args.simulate:
-        lines += ["", *_render_simulated_tiers(result["simulated"])]
+        lines += ["", *_render_simulated_tiers(result["simulated"], final)]
     print("\n".join(lines))
     return 0
 
 
 def _simulate_tiers(args: argparse.Namespace, scenario) -> dict[str, Any]:
     """The simulated optimum of every tier at once (``simulator.tier_search``), in budget."""
-    import math
 
     from simulator.cli.common import enforce_budget, require_work, workers_for
     from simulator.engines import budget
-    from simulator.model.tiers import first_order_plan
-    from simulator.tier_search import evaluations_for, simulate_tier_plan
+    from simulator.tier_search import budget_schedules, simulate_tier_plan
 
     require_work(scenario, "--simulate")
     if args.replicas < 2:
         raise InputError("--simulate needs --replicas 2 or more (the search fits to noise)")
     workers = workers_for(args, args.replicas, "ckptsim optimize")
-    plan = first_order_plan(scenario)["tier_intervals_s"]
-    shortest = min(v for v in plan.values() if math.isfinite(v))
-    intervals = [shortest] * evaluations_for(scenario)
-    est = budget.estimate(scenario, intervals, args.replicas, engine="des", workers=workers)
+    est = budget.tier_estimate(scenario, budget_schedules(scenario), args.replicas, workers=workers)
     enforce_budget(args, est, workers)
     return simulate_tier_plan(
         scenario, replicas=args.replicas, seed=args.seed, workers=workers,
@@ -328,10 +333,12 @@ def _simulate_tiers(args: argparse.Namespace, scenario) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def _render_simulated_tiers(sim: dict[str, Any]) -> list[str]:
+def _render_simulated_tiers(sim: dict[str, Any], final: set[str]) -> list[str]:
     """The simulated optimum's lines: each tier with its interval's CI, then the waste and
     dollars of the tiers, of the first-order plan and of the best single tier, measured on
     fresh seeds, and what the tiers save against the single tier."""
+
+    import math
 
     def span(lo: float, hi: float) -> str:
         return f"{format_duration(lo)} to {format_duration(hi)}"
@@ -354,26 +361,55 @@ def _render_simulated_tiers(sim: dict[str, Any]) -> list[str]:
         if name in sim["tier_intervals_ci95_s"]:
             every, ci = format_duration(value), span(*sim["tier_intervals_ci95_s"][name])
         else:
-            every, ci = "final save only", ""
+            every, ci = ("final save only" if name in final else "never"), ""
         lines.append(f"{name:<16}{every:>12}   {ci}")
     single = sim["single_tier"]
-    saved = sim["waste_saved_vs_single_tier"]
+    saved, by_first = sim["waste_saved_vs_single_tier"], sim["waste_saved_vs_first_order"]
+    if math.isfinite(sim["single_tier_interval_s"]):
+        alone = (
+            f"every {format_duration(sim['single_tier_interval_s'])}, 95% CI "
+            f"{span(*sim['single_tier_interval_ci95_s'])}"
+        )
+    else:
+        alone = "final save only"
     lines += [
         f"tiers as above: {cost(sim)}",
         f"first-order plan, simulated: {cost(sim['first_order'])}",
-        f"one tier ({single} every {format_duration(sim['single_tier_interval_s'])}, 95% CI "
-        f"{span(*sim['single_tier_interval_ci95_s'])}): {cost(sim['single_tier_simulated'])}",
+        f"one tier ({single} {alone}): {cost(sim['single_tier_simulated'])}",
     ]
+    against = (
+        f"{100 * by_first['mean']:+.2f} points (95% CI {100 * by_first['lo']:+.2f} to "
+        f"{100 * by_first['hi']:+.2f})"
+    )
+    if by_first["hi"] < 0:
+        lines.append(
+            f"The first-order plan wasted less than the search's answer on the fresh replicas, "
+            f"{against}: the search is noisy at this --replicas; trust the first-order plan."
+        )
+    elif by_first["lo"] > 0:
+        lines.append(f"The search's answer wastes less than the first-order plan: {against}.")
+    else:
+        lines.append(
+            f"What the search's answer saves over the first-order plan: {against}; a "
+            "difference is not shown."
+        )
+    if sim.get("at_edge"):
+        lines.append(
+            "The search ended on the edge of its last design: the optimum may lie further "
+            "out than it reached; rerun with more --replicas or check with ckptsim simulate."
+        )
     points = (
         f"{100 * saved['mean']:+.2f} points (95% CI {100 * saved['lo']:+.2f} to "
         f"{100 * saved['hi']:+.2f})"
     )
-    if saved["lo"] > 0:
+    if saved["lo"] == saved["hi"] == 0:
+        lines.append("The best schedule found saves to one tier only: the single-tier answer.")
+    elif saved["lo"] > 0:
         lines.append(f"The tiers waste less than one tier: {points} of the wall time.")
     elif saved["hi"] < 0:
         lines.append(f"One tier wastes less than the tiers: {points} in the tiers' favour.")
     else:
-        lines.append(f"Tiers against one tier: {points}; a difference is not shown.")
+        lines.append(f"What the tiers save over one tier: {points}; a difference is not shown.")
     return lines
 
 

@@ -293,9 +293,12 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--step-s needs --policy controller (the steps the controller counts)")
         policy = dataclasses.replace(policy, step_s=args.step_s)
     workers = workers_for(args, args.replicas, "ckptsim simulate")
-    intervals = budget.policy_intervals(scenario, [policy])
     engine = choose_engine(scenario, args.engine, [policy])
-    est = budget.estimate(scenario, intervals, args.replicas, engine=engine, workers=workers)
+    if scenario.tiers:  # the tiers' own save costs, not the scenario's one save
+        est = budget.tier_estimate(scenario, [policy], args.replicas, workers=workers)
+    else:
+        intervals = budget.policy_intervals(scenario, [policy])
+        est = budget.estimate(scenario, intervals, args.replicas, engine=engine, workers=workers)
     enforce_budget(args, est, workers)
     result = simulate(
         scenario,
@@ -309,6 +312,9 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = result.summary()
     summary["interval_s"] = args.interval_s
+    for key, value in (("prior_mtbf_h", args.prior_mtbf_h), ("step_s", args.step_s)):
+        if value is not None:  # the controller's settings, so saved results tell runs apart
+            summary[key] = value
     _note_trace_end(summary, result, failure_times)
     if out is not None:
         summary["out"] = str(result.to_file(out))
@@ -347,6 +353,10 @@ def _part_label(column: str) -> str:
 def render(s: dict) -> str:
     """The human table and a one-line verdict."""
     policy = f"every {format_duration(s['interval_s'])}" if s.get("interval_s") else s["policy"]
+    if s.get("prior_mtbf_h") is not None:
+        policy += f", prior MTBF {s['prior_mtbf_h']:g} h"
+    if s.get("step_s") is not None:
+        policy += f", {s['step_s']:g} s per step"
     head = (
         f"{s['scenario']}: {s['replicas']} replicas on the {s['engine']} engine, seed {s['seed']}, "
         f"policy {policy}, "

@@ -29,6 +29,7 @@ more under its best policy (both simulators would give up on it anyway, after th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -47,6 +48,7 @@ __all__ = [
     "estimate",
     "mem_available_bytes",
     "replica_events",
+    "tier_estimate",
 ]
 
 DEFAULT_MAX_CORE_HOURS = 0.5
@@ -110,7 +112,7 @@ def _components(scenario: Scenario, engine: str) -> int:
 
 
 def _job_mtbf_s(scenario: Scenario) -> float:
-    """Mean time between failures that stop the job, GPUs and nodes (as ``des.job_mtbf_s``)."""
+    """Mean time between failures that stop the job, GPUs and nodes."""
     rate = 1.0 / scenario.system_mtbf_s
     if scenario.node_mtbf_h is not None and scenario.nodes:
         rate += scenario.nodes / (scenario.node_mtbf_h * 3600.0)
@@ -189,6 +191,65 @@ def estimate(
     )
 
 
+def _tier_intervals(scenario: Scenario, schedule) -> dict[str, float]:
+    """Each tier's interval under a tier schedule; one saved with every k-th save of another
+    is saved every k of that one's intervals."""
+    out = dict(schedule.intervals_s)
+    for name, (base, k) in schedule.every.items():
+        out[name] = out[base] * k
+    return out
+
+
+def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, workers: int = 1):
+    """The cost of running each tier schedule (``model.tiers.TierSchedule``) on ``replicas``
+    replicas of a tiered scenario: as :func:`estimate`, a replica's failures and saves over its
+    expected wall time. That wall time is the work over one minus the first-order waste at the
+    schedule's own intervals: each tier's stalls Cℓ/τℓ, and each failure class losing half the
+    shortest interval among the tiers that survive it (all work so far when none is saved on a
+    schedule) and paying its recovery and that tier's restore."""
+    from simulator.model.tiers import class_terms
+
+    writers = scenario.writer_nodes or scenario.nodes or 1
+    work = float(scenario.work_s or 0.0)
+    terms = class_terms(scenario)
+    rate = sum(r for _, r, _ in terms)
+    if scenario.failure_classes:
+        components = sum(
+            c.components(scenario.gpus, scenario.nodes) for c in scenario.failure_classes
+        )
+    else:
+        components = _components(scenario, "des")
+    walls, events = [], 0.0
+    for schedule in schedules:
+        iv = _tier_intervals(scenario, schedule)
+        waste = sum(
+            t.stall_s(writers) / iv[t.name] for t in scenario.tiers if math.isfinite(iv[t.name])
+        )
+        for name, r, recovery_s in terms:
+            saved = [(iv[t.name], t) for t in scenario.tiers if name in t.survives]
+            saved = [(tau, t) for tau, t in saved if math.isfinite(tau)]
+            if saved:
+                tau, tier = min(saved, key=lambda x: x[0])
+                waste += r * (tau / 2.0 + recovery_s + tier.restore_s)
+            else:
+                waste += r * (work / 2.0 + recovery_s)
+        cap = MAX_WALL_FACTOR * work
+        wall = work / (1.0 - waste) if waste < 1.0 else math.inf
+        wall = cap if not math.isfinite(wall) or wall > cap else max(wall, work)
+        saves = sum(wall / tau for tau in iv.values() if math.isfinite(tau))
+        events += replicas * (wall * rate + saves + components + 1.0)
+        walls.append(wall)
+    stalls = ", ".join(f"{t.name} {t.stall_s(writers):.3g} s" for t in scenario.tiers)
+    return Estimate(
+        events=events,
+        core_s=events / EVENTS_PER_S["des"] + replicas * len(walls) * OVERHEAD_S["des"],
+        memory_bytes=workers * DES_BYTES_PER_COMPONENT * components + replicas * RECORD_BYTES,
+        engine="des",
+        wall_factor=min(walls) / work if work and walls else 1.0,
+        detail=f"saves of {stalls} against a job MTBF of {1.0 / rate:.3g} s" if rate else "",
+    )
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -240,13 +301,19 @@ def check(
 
 
 def policy_intervals(scenario: Scenario, policies: Sequence) -> list[float]:
-    """Each policy's first interval after a restart (what the estimate assumes it keeps); a
-    tier schedule counts as its most frequent tier (the most events)."""
-    from simulator.optimize import _first_interval
+    """Each policy's interval after a restart, as the estimate assumes it keeps it: for a
+    policy that learns (the simulated controller), the interval once it has learned, from a
+    context of a long run at the true rates (a million failures seen, a checkpoint committed),
+    not its first guess, which a wrong prior or a long probe can make arbitrarily far off."""
+    from simulator.policies import PolicyContext
 
+    ctx = PolicyContext.from_scenario(scenario, age_s=scenario.recovery_s)
+    settled = dataclasses.replace(
+        ctx, failures_seen=10**6, exposure_s=1e6 * ctx.mtbf_s, checkpoints_committed=1,
+        saves_since_start=1,
+    )  # fmt: skip
     return [
-        min(p.intervals_s.values()) if hasattr(p, "intervals_s") else _first_interval(p, scenario)
-        for p in policies
+        float(p.next_interval_s(settled if getattr(p, "learns", False) else ctx)) for p in policies
     ]
 
 

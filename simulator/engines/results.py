@@ -53,6 +53,8 @@ tier (``saves_memory``, ``restores_memory``)."""
 def is_part(column: str) -> bool:
     """Whether ``column`` is one of a tiered run's per-class or per-tier columns."""
     return column.startswith(PART_PREFIXES) and column != "failures_in_recovery"
+
+
 """Columns that ``summary()`` describes (``usd`` only when a price was given)."""
 
 OUT_SUFFIXES = (".csv", ".parquet", ".pq")

@@ -26,6 +26,7 @@ from simulator.model.failures import parse_failure
 __all__ = [
     "FailureClass",
     "Tier",
+    "class_terms",
     "first_order_plan",
     "parse_classes",
     "parse_tiers",
@@ -197,7 +198,7 @@ def _tables(kind: str, items) -> list[dict[str, Any]]:
 
 def _build(cls, kind: str, table: dict[str, Any], renames: dict[str, str]):
     data = {renames.get(k, k): v for k, v in table.items()}
-    known = {f for f in cls.__dataclass_fields__}
+    known = {name for name, f in cls.__dataclass_fields__.items() if f.init}  # not implicit
     unknown = sorted(set(data) - known)
     if unknown:
         label = f"[[{kind}]] {table.get('name', '?')!r}"
@@ -265,7 +266,7 @@ def first_order_plan(scenario) -> dict[str, Any]:
     costs = {t.name: t.stall_s(writers) for t in scenario.tiers}
     rates = dict.fromkeys(costs, 0.0)
     restart_cost = 0.0
-    for name, rate, recovery_s in _class_terms(scenario):
+    for name, rate, recovery_s in class_terms(scenario):
         surviving = [t for t in scenario.tiers if name in t.survives]
         if not surviving:
             raise InputError(
@@ -283,7 +284,7 @@ def first_order_plan(scenario) -> dict[str, Any]:
     }
 
 
-def _class_terms(scenario):
+def class_terms(scenario):
     """(name, rate per second, detection + restart + warm-up seconds) of each class."""
     from simulator.model.scenario import IMPLICIT_CLASS
 
@@ -377,7 +378,7 @@ def single_tier_plan(scenario) -> dict[str, Any]:
     from simulator import analytic
 
     writers = scenario.writer_nodes or scenario.nodes or 1
-    terms = _class_terms(scenario)
+    terms = class_terms(scenario)
     names = {name for name, _, _ in terms}
     surviving = [t for t in scenario.tiers if names <= set(t.survives)]
     if not surviving:
@@ -396,6 +397,12 @@ def recommend_tiers(scenario) -> dict[str, Any]:
 
     plan = first_order_plan(scenario)
     single = single_tier_plan(scenario)
+    if plan["waste_fraction"] >= 1.0:
+        raise InputError(
+            f"this job would make no headway: even at the tiers' first-order intervals, saves, "
+            f"lost work and restarts would take {plan['waste_fraction']:.3g}x the wall time "
+            "(at most 1); make saves or restarts cheaper, or failures rarer"
+        )
     out: dict[str, Any] = {
         "scenario": scenario.to_dict(),
         "method": "first-order multi-tier optimum (Benoit et al., IEEE TC 2017)",
