@@ -31,7 +31,7 @@ import numpy as np
 
 from simulator.engines.results import mean_ci
 from simulator.errors import InputError
-from simulator.model.tiers import TierSchedule, first_order_plan, single_tier_plan
+from simulator.model.tiers import TierSchedule, first_order_plan, scheduled, single_tier_plan
 
 __all__ = ["TierOptimum", "evaluate_schedules", "search_tiers", "waste_summary"]
 
@@ -127,7 +127,7 @@ def search_tiers(
         raise InputError("a tier search needs [[tier]] tables in the scenario")
     if replicas < 2:
         raise InputError("a tier search needs 2 or more replicas (the fit smooths over noise)")
-    names_all = [t.name for t in scenario.tiers]
+    names_all = [t.name for t in scheduled(scenario.tiers)]
     if single_tier:
         plan = single_tier_plan(scenario)
         start = {n: math.inf for n in names_all} | {plan["tier"]: plan["interval_s"]}
@@ -212,7 +212,15 @@ def _searched(scenario) -> tuple[int, bool]:
     varied = {n for n, v in first_order_plan(scenario)["tier_intervals_s"].items() if v < work}
     single = single_tier_plan(scenario)
     alone = {single["tier"]} if single["interval_s"] < work else set()
-    return len(varied), varied != alone
+    jit = any(t.jit for t in scenario.tiers)  # the single tier runs without it: another search
+    return len(varied), varied != alone or jit
+
+
+def without_jit(scenario):
+    """The scenario with its just-in-time tiers taken out: where the single tier runs."""
+    if not any(t.jit for t in scenario.tiers):
+        return scenario
+    return dataclasses.replace(scenario, tiers=tuple(scheduled(scenario.tiers)))
 
 
 def evaluations_for(scenario) -> int:
@@ -230,7 +238,7 @@ def budget_schedules(scenario) -> list[TierSchedule]:
     first = TierSchedule(dict(first_order_plan(scenario)["tier_intervals_s"]))
     plan = single_tier_plan(scenario)
     single = TierSchedule(
-        {t.name: math.inf for t in scenario.tiers} | {plan["tier"]: plan["interval_s"]}
+        {t.name: math.inf for t in scheduled(scenario.tiers)} | {plan["tier"]: plan["interval_s"]}
     )
     n_single = len(ROUNDS) * 3 + 1 if _searched(scenario)[1] else 1
     return [first] * (evaluations_for(scenario) - n_single) + [single] * n_single
@@ -261,18 +269,18 @@ def simulate_tier_plan(
     total = (evaluations_for(scenario) + len(extra)) * replicas
     with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
         tiers = search_tiers(scenario, replicas=replicas, seed=search_ss, workers=workers, bar=bar)
+        plain = without_jit(scenario)  # one tier means no just-in-time saves either
         if _searched(scenario)[1]:
             single = search_tiers(
-                scenario, replicas=replicas, seed=search_ss, single_tier=True, workers=workers,
+                plain, replicas=replicas, seed=search_ss, single_tier=True, workers=workers,
                 bar=bar,
             )  # fmt: skip
         else:  # the tiers' optimum varies one tier only: it is the single-tier search
             single = dataclasses.replace(tiers, evaluations=0)
-        check = evaluate_schedules(
-            scenario, [tiers.schedule(), single.schedule(), first, *extra.values()],
-            replicas=replicas,
-            seed=check_ss, workers=workers, bar=bar,
-        )  # fmt: skip
+        runs = dict(replicas=replicas, seed=check_ss, workers=workers, bar=bar)
+        check = evaluate_schedules(scenario, [tiers.schedule(), first, *extra.values()], **runs)
+        alone = evaluate_schedules(plain, [single.schedule()], **runs)  # the same failures
+        check = np.vstack([check[:1], alone, check[1:]])
     name = single_tier_plan(scenario)["tier"]
     waste = 1.0 - scenario.work_s / check  # per schedule and replica
     saved = paired_excess(waste[1], waste[0])  # the single tier's waste minus the tiers'

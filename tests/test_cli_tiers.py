@@ -283,3 +283,27 @@ def test_flags_the_tier_model_does_not_take_are_refused_and_a_tier_no_job_needs_
     assert sim["tier_intervals_s"]["persistent"] is None  # inf in JSON
     assert "persistent" not in sim["tier_intervals_ci95_s"]
     assert sim["evaluations"] == 2 * 3 + 2 * 3 + 3  # memory alone; the persistent tier alone
+
+
+def test_a_just_in_time_tier_is_shown_searched_and_beats_one_tier_on_the_same_failures(
+    capsys, tmp_path
+):
+    toml = _variant(
+        tmp_path,
+        'name = "memory"\ncheckpoint_s = 2\n',
+        'name = "jit"\njit = true\ncheckpoint_s = 60\n',
+    )
+    code, out, _ = run(capsys, "optimize", "--scenario", toml)
+    assert code == 0 and "on failure" in out and "(just in time)" in out
+    job = ["optimize", "--scenario", toml, "--simulate", "--replicas", "8", "--workers", "1"]
+    code, out, err = run(capsys, *job, "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert (
+        set(res["tier_intervals_s"]) == {"persistent"} and res["jit_failure_rates_per_h"]["jit"] > 0
+    )
+    sim = res["simulated"]
+    # The single tier runs without the just-in-time saves: the memory-less baseline.
+    assert sim["single_tier"] == "persistent" and sim["waste_saved_vs_single_tier"]["lo"] > 0
+    code, _, err = run(capsys, "simulate", "--scenario", toml, "--tier-interval-s", "jit=60")
+    assert code == 2 and "saved just in time" in err and len(err.strip().splitlines()) == 1

@@ -137,3 +137,43 @@ def test_lost_work_and_recovery_per_class_add_up_to_the_whole_of_each():
         parts = rec[[f"{part}{c}_h" for c in ("process", "node")]].sum(axis=1)
         np.testing.assert_allclose(parts, rec[total], rtol=1e-12, atol=1e-9)
         assert (rec[f"{part}node_h"] > 0).any() and (rec[f"{part}process_h"] > 0).any()
+
+
+JIT = dict(
+    TWO,
+    work_h=40.0,
+    tiers=[
+        {"name": "jit", "jit": True, "checkpoint_s": 30.0, "restore_s": 20.0,
+         "survives": ["process"]},
+        {"name": "persistent", "checkpoint_s": 10.0, "restore_s": 5.0,
+         "survives": ["process", "node"]},
+    ],
+)  # fmt: skip
+
+
+def test_a_just_in_time_tier_loses_no_work_and_its_recovery_pays_the_save():
+    # Just-in-time checkpointing (EuroSys'24): after a process failure the healthy replicas
+    # save the state they hold, so nothing is rolled back; the recovery pays that save (30 s)
+    # and its restore (20 s) on top of detection and restart. Node losses still roll back to
+    # the persistent tier, the only one saved on a schedule.
+    s = Scenario(**JIT)
+    rec = run(s, TierSchedule({"persistent": 3000.0}), replicas=12).records
+    assert rec["failures_process"].sum() > 20 and (rec["failures_node"] > 0).any()
+    assert (rec["lost_by_process_h"] == 0).all() and (rec["lost_by_node_h"] > 0).any()
+    assert (rec["saves_jit"] == rec["failures_process"]).all()
+    clean = rec["failures_in_recovery"] == 0
+    per = (0.0 + 0.0 + 30.0 + 20.0) / 3600.0  # no detection or restart in TWO: save, restore
+    np.testing.assert_allclose(
+        rec.loc[clean, "recovery_by_process_h"], rec.loc[clean, "failures_process"] * per,
+        rtol=1e-9,
+    )  # fmt: skip
+
+
+def test_the_first_order_plan_charges_a_jit_tiers_classes_no_lost_work():
+    s = Scenario(**JIT)
+    plan = first_order_plan(s)
+    assert set(plan["tier_intervals_s"]) == {"persistent"}  # jit is never scheduled
+    node_rate = 1.0 / (100.0 * 3600.0)
+    assert plan["tier_intervals_s"]["persistent"] == pytest.approx(math.sqrt(2 * 10 / node_rate))
+    with pytest.raises(InputError, match="jit tier is saved after a failure"):
+        Scenario(**{**JIT, "tiers": [dict(JIT["tiers"][0], interval_s=60.0), JIT["tiers"][1]]})

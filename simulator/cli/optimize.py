@@ -282,6 +282,8 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
         )  # fmt: skip
         rate = result["tier_failure_rates_per_h"][name]
         lines.append(f"{name:<16}{every:>12}{rate:>32.4g}")
+    for name, rate in result["jit_failure_rates_per_h"].items():
+        lines.append(f"{name:<16}{'on failure':>12}{rate:>32.4g}   (just in time)")
     money = "usd_lost_per_day" in result
     tiered = f"waste {format_percent(result['optimal_waste_fraction'])}"
     single = f"waste {format_percent(result['single_tier_waste_fraction'])}"
@@ -295,7 +297,7 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
         f"{format_duration(result['single_tier_interval_s'])}): {single}",
     ]
     better = result["optimal_waste_fraction"] < result["single_tier_waste_fraction"]
-    if len(result["tier_intervals_s"]) == 1:
+    if len(scenario.tiers) == 1:
         advice = (
             f"save to {result['single_tier']} every "
             f"{format_duration(result['single_tier_interval_s'])} (first order)."

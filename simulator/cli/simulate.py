@@ -185,7 +185,7 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         if args.tier_interval_s:
             raise InputError("--tier-interval-s needs a scenario with [[tier]] tables")
         return None
-    from simulator.model.tiers import TierSchedule, first_order_plan
+    from simulator.model.tiers import TierSchedule, first_order_plan, scheduled
 
     implicit = scenario.tiers[0].implicit  # failure classes, and the scenario's own save
     if implicit and (args.policy or args.interval_s) and not args.tier_interval_s:
@@ -221,7 +221,9 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         if name in given:
             raise InputError(f"--tier-interval-s {name} is given twice; give it once")
         given[name] = seconds
-    unset = [t.name for t in scenario.tiers if t.interval_s is None and t.name not in given]
+    unset = [
+        t.name for t in scheduled(scenario.tiers) if t.interval_s is None and t.name not in given
+    ]
     if unset:  # the first-order optimum for the tiers the user left open
         plan = first_order_plan(scenario)["tier_intervals_s"]
         given.update({name: plan[name] for name in unset})

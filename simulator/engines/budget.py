@@ -207,7 +207,7 @@ def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, wor
     schedule's own intervals: each tier's stalls Cℓ/τℓ, and each failure class losing half the
     shortest interval among the tiers that survive it (all work so far when none is saved on a
     schedule) and paying its recovery and that tier's restore."""
-    from simulator.model.tiers import class_terms
+    from simulator.model.tiers import class_terms, jit_tier, scheduled
 
     writers = scenario.writer_nodes or scenario.nodes or 1
     work = float(scenario.work_s or 0.0)
@@ -222,11 +222,14 @@ def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, wor
     walls, events = [], 0.0
     for schedule in schedules:
         iv = _tier_intervals(scenario, schedule)
-        waste = sum(
-            t.stall_s(writers) / iv[t.name] for t in scenario.tiers if math.isfinite(iv[t.name])
-        )
+        tiers = scheduled(scenario.tiers)
+        waste = sum(t.stall_s(writers) / iv[t.name] for t in tiers if math.isfinite(iv[t.name]))
         for name, r, recovery_s in terms:
-            saved = [(iv[t.name], t) for t in scenario.tiers if name in t.survives]
+            jit = jit_tier(scenario.tiers, name)
+            if jit is not None:
+                waste += r * (recovery_s + jit.write_s(writers) + jit.restore_s)
+                continue
+            saved = [(iv[t.name], t) for t in tiers if name in t.survives]
             saved = [(tau, t) for tau, t in saved if math.isfinite(tau)]
             if saved:
                 tau, tier = min(saved, key=lambda x: x[0])

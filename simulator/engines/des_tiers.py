@@ -9,7 +9,9 @@ there is saved, cheapest first (sync tiers stall for their write, async tiers fo
 their write running behind, one at a time per tier). A failure of class c destroys the copies
 of tiers that do not survive c and every write under way, and rolls back to
 ``tiers.rollback`` — the newest surviving copy — whose tier's restore time the recovery
-pays, with c's detection and restart. The job's final state goes to ``tiers.final_tiers``.
+pays, with c's detection and restart; when a just-in-time tier survives c, the job loses no
+work and the recovery pays that tier's save as well as its restore. The job's final state
+goes to ``tiers.final_tiers``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from simulator.errors import InputError
 from simulator.model.failure_source import ComponentFailures, MergedFailures
 from simulator.model.failures import parse_failure
 from simulator.model.scenario import IMPLICIT_CLASS, Scenario
-from simulator.model.tiers import TierSchedule, final_tiers, rollback
+from simulator.model.tiers import TierSchedule, final_tiers, jit_tier, rollback, scheduled
 
 __all__ = ["TieredClusterJob", "class_sources"]
 
@@ -55,20 +57,21 @@ class TieredClusterJob(ClusterJob):
         super().__init__(scenario, schedule, failures, rng)
         writers = scenario.writer_nodes or scenario.nodes or 1
         # Cheapest first: at a shared save point the quick copies are safe soonest.
-        self.tiers = sorted(scenario.tiers, key=lambda t: t.stall_s(writers))
+        self.tiers = sorted(scheduled(scenario.tiers), key=lambda t: t.stall_s(writers))
+        self.jit_write = {t.name: t.write_s(writers) for t in scenario.tiers if t.jit}
         self.tier_write = {t.name: t.write_s(writers) for t in self.tiers}
         self.tier_stall = {t.name: t.stall_s(writers) for t in self.tiers}
         self.final = {t.name for t in final_tiers(self.tiers)}
         self.classes = [c.name for c in scenario.failure_classes] or [IMPLICIT_CLASS]
-        self.copies: dict[str, float | None] = dict.fromkeys(self.tier_write)
+        self.copies: dict[str, float | None] = dict.fromkeys([*self.tier_write, *self.jit_write])
         self.mark = dict.fromkeys(self.tier_write, 0.0)  # progress at the tier's last save
         self.saved = dict.fromkeys(self.tier_write, 0)  # saves of each tier since the start
         self.writers: dict[str, simpy.Process] = {}
         self.counts = {f"failures_{c}": 0 for c in self.classes}
         self.counts.update({f"lost_by_{c}_s": 0.0 for c in self.classes})
         self.counts.update({f"recovery_by_{c}_s": 0.0 for c in self.classes})
-        self.counts.update({f"saves_{t}": 0 for t in self.tier_write})
-        self.counts.update({f"restores_{t}": 0 for t in self.tier_write})
+        self.counts.update({f"saves_{t}": 0 for t in self.copies})
+        self.counts.update({f"restores_{t}": 0 for t in self.copies})
         self.failure_log: list[tuple[float, str]] = []
         self.pending: tuple[int, object] = (0, None)
 
@@ -158,6 +161,8 @@ class TieredClusterJob(ClusterJob):
         s = self.scenario
         index, tier = self.pending
         restore = 0.0 if tier is None else tier.restore_s
+        if tier is not None and tier.jit:  # the healthy replicas write the state first
+            restore += self.jit_write[tier.name]
         if not s.failure_classes:
             return s.detection_s, s.restart_s + restore + s.warmup_s
         c = s.failure_classes[index]
@@ -183,14 +188,20 @@ class TieredClusterJob(ClusterJob):
         self.n["failures_in_recovery"] += self.recovering
         self.counts[f"failures_{name}"] += 1
         self.failure_log.append((self.env.now, name))
-        for t in self.tiers:
+        for t in self.scenario.tiers:
             if name not in t.survives:
                 self.copies[t.name] = None
         for writer in self.writers.values():
             if writer.is_alive:
                 writer.interrupt("failure")
         self.writers = {}
-        at, tier = rollback(self.copies, self.tiers, name)
+        tier = jit_tier(self.scenario.tiers, name)
+        if tier is not None:  # saved just in time: the job resumes where it failed
+            at = self.done_s
+            self.copies[tier.name] = at
+            self.counts[f"saves_{tier.name}"] += 1
+        else:
+            at, tier = rollback(self.copies, self.scenario.tiers, name)
         self.t["lost"] += self.done_s - at
         self.counts[f"lost_by_{name}_s"] += self.done_s - at
         self.done_s = at

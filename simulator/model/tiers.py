@@ -28,8 +28,10 @@ __all__ = [
     "Tier",
     "class_terms",
     "first_order_plan",
+    "jit_tier",
     "parse_classes",
     "parse_tiers",
+    "scheduled",
     "write_time_s",
 ]
 
@@ -139,6 +141,10 @@ class Tier:
     """Checkpoints kept in this tier at once."""
     interval_s: float | None = None
     """Compute seconds between saves to this tier (None: set by the schedule or optimiser)."""
+    jit: bool = False
+    """Just-in-time (Gupta et al., EuroSys 2024): never saved on a schedule; after a failure
+    of a class it survives, the healthy data-parallel replicas save the state they hold (its
+    ``checkpoint_s``, paid in the recovery) and the job resumes from it, losing no work."""
     implicit: bool = field(default=False, init=False, repr=False, compare=False)
     """Made by the scenario from its own save fields (failure classes without [[tier]] tables):
     rebuilt whenever the scenario is, never written back to a file."""
@@ -166,6 +172,13 @@ class Tier:
             )
         if not isinstance(self.asynchronous, bool):
             raise InputError(f"{owner}: async must be true or false, got {self.asynchronous!r}")
+        if not isinstance(self.jit, bool):
+            raise InputError(f"{owner}: jit must be true or false, got {self.jit!r}")
+        if self.jit and (self.asynchronous or self.interval_s is not None):
+            raise InputError(
+                f"{owner}: a jit tier is saved after a failure, not on a schedule: it takes "
+                "neither async nor interval_s"
+            )
         if self.asynchronous and self.staging_s is None:
             raise InputError(f"{owner}: async needs staging_s (the training stall of a save)")
         if isinstance(self.retention, bool) or not isinstance(self.retention, int):
@@ -186,6 +199,18 @@ class Tier:
     def stall_s(self, writers: int) -> float:
         """Training stall of one save to this tier, seconds (Cℓ in the closed form)."""
         return float(self.staging_s) if self.asynchronous else self.write_s(writers)
+
+
+def scheduled(tiers) -> list[Tier]:
+    """The tiers saved on a schedule: all but the just-in-time ones."""
+    return [t for t in tiers if not t.jit]
+
+
+def jit_tier(tiers, class_name: str) -> Tier | None:
+    """The just-in-time tier that serves a failure of ``class_name`` (quickest to save and
+    restore), or None when none survives it."""
+    jit = [t for t in tiers if t.jit and class_name in t.survives]
+    return min(jit, key=lambda t: (t.checkpoint_s or 0.0) + t.restore_s) if jit else None
 
 
 def _tables(kind: str, items) -> list[dict[str, Any]]:
@@ -254,7 +279,9 @@ def first_order_plan(scenario) -> dict[str, Any]:
     """The first-order tier intervals and waste of a scenario with tiers (``analytic``).
 
     Each class's failures are charged to the cheapest tier (least save stall) that survives
-    them; its recovery is its detection and restart, that tier's restore and the warm-up.
+    them; its recovery is its detection and restart, that tier's restore and the warm-up. A
+    class a just-in-time tier survives loses no work: it pays that tier's save and restore in
+    its recovery, and the scheduled tiers' intervals leave it out.
     Returns ``tier_intervals_s`` (tier name -> seconds; ``inf``: only the final save goes
     there), ``rates_per_s`` (λℓ per tier) and ``waste_fraction``.
     """
@@ -263,11 +290,15 @@ def first_order_plan(scenario) -> dict[str, Any]:
     if not scenario.tiers:
         raise InputError("the tier closed form needs [[tier]] tables in the scenario")
     writers = scenario.writer_nodes or scenario.nodes or 1
-    costs = {t.name: t.stall_s(writers) for t in scenario.tiers}
+    costs = {t.name: t.stall_s(writers) for t in scheduled(scenario.tiers)}
     rates = dict.fromkeys(costs, 0.0)
     restart_cost = 0.0
     for name, rate, recovery_s in class_terms(scenario):
-        surviving = [t for t in scenario.tiers if name in t.survives]
+        jit = jit_tier(scenario.tiers, name)
+        if jit is not None:  # no work lost; the recovery pays the just-in-time save
+            restart_cost += rate * (recovery_s + jit.write_s(writers) + jit.restore_s)
+            continue
+        surviving = [t for t in scheduled(scenario.tiers) if name in t.survives]
         if not surviving:
             raise InputError(
                 f"no tier survives failure class {name!r}: each such failure would restart "
@@ -324,13 +355,19 @@ class TierSchedule:
     @classmethod
     def for_scenario(cls, scenario, overrides: dict[str, float] | None = None) -> TierSchedule:
         """Each tier's ``interval_s`` from the scenario, replaced by ``overrides`` (name -> s)."""
-        names = [t.name for t in scenario.tiers]
+        names = [t.name for t in scheduled(scenario.tiers)]
         overrides = dict(overrides or {})
+        jit = sorted(set(overrides) & {t.name for t in scenario.tiers if t.jit})
+        if jit:
+            raise InputError(
+                f"tier {jit[0]!r} is saved just in time, after a failure, not on a schedule: "
+                "it takes no interval"
+            )
         unknown = sorted(set(overrides) - set(names))
         if unknown:
             raise InputError(f"no tier named {unknown[0]!r} (tiers: {', '.join(names)})")
         intervals = {}
-        for t in scenario.tiers:
+        for t in scheduled(scenario.tiers):
             value = overrides.get(t.name, t.interval_s)
             if value is None:
                 raise InputError(
@@ -341,7 +378,7 @@ class TierSchedule:
         return cls(intervals)
 
     def check(self, scenario) -> None:
-        names = {t.name for t in scenario.tiers}
+        names = {t.name for t in scheduled(scenario.tiers)}
         missing = sorted(names - set(self.intervals_s) - set(self.every))
         extra = sorted((set(self.intervals_s) | set(self.every)) - names)
         if missing or extra:
@@ -369,7 +406,8 @@ def rollback(copies: dict[str, float | None], tiers, class_name: str):
 
 def final_tiers(tiers) -> list:
     """Tiers the job's final state goes to: those no other tier's copy outlives."""
-    return [t for t in tiers if not any(t.survives < u.survives for u in tiers)]
+    saved = scheduled(tiers)  # a just-in-time tier is saved only after a failure
+    return [t for t in saved if not any(t.survives < u.survives for u in saved)]
 
 
 def single_tier_plan(scenario) -> dict[str, Any]:
@@ -380,7 +418,7 @@ def single_tier_plan(scenario) -> dict[str, Any]:
     writers = scenario.writer_nodes or scenario.nodes or 1
     terms = class_terms(scenario)
     names = {name for name, _, _ in terms}
-    surviving = [t for t in scenario.tiers if names <= set(t.survives)]
+    surviving = [t for t in scheduled(scenario.tiers) if names <= set(t.survives)]
     if not surviving:
         raise InputError("no tier survives every failure class: add one (the persistent tier)")
     tier = min(surviving, key=lambda t: t.stall_s(writers))
@@ -388,6 +426,16 @@ def single_tier_plan(scenario) -> dict[str, Any]:
     restart_cost = sum(r * (recovery_s + tier.restore_s) for _, r, recovery_s in terms)
     tau, waste = analytic.tier_first_order([tier.stall_s(writers)], [rate], restart_cost)
     return {"tier": tier.name, "interval_s": float(tau[0]), "waste_fraction": waste}
+
+
+def _jit_rates_per_h(scenario) -> dict[str, float]:
+    """Each just-in-time tier's failures per hour (the classes it serves)."""
+    out = {t.name: 0.0 for t in scenario.tiers if t.jit}
+    for name, rate, _ in class_terms(scenario):
+        jit = jit_tier(scenario.tiers, name)
+        if jit is not None:
+            out[jit.name] += rate * 3600.0
+    return out
 
 
 def recommend_tiers(scenario) -> dict[str, Any]:
@@ -408,6 +456,7 @@ def recommend_tiers(scenario) -> dict[str, Any]:
         "method": "first-order multi-tier optimum (Benoit et al., IEEE TC 2017)",
         "tier_intervals_s": plan["tier_intervals_s"],
         "tier_failure_rates_per_h": {k: v * 3600.0 for k, v in plan["rates_per_s"].items()},
+        "jit_failure_rates_per_h": _jit_rates_per_h(scenario),
         "optimal_waste_fraction": plan["waste_fraction"],
         "single_tier": single["tier"],
         "single_tier_interval_s": single["interval_s"],
