@@ -131,7 +131,7 @@ def test_cli_json_has_the_documented_keys_and_writes_a_loadable_profile(tmp_path
     out = tmp_path / "profile.json"
     work = tmp_path / "w"
     work.mkdir()
-    argv = ["bench", "--sizes", "300K,3M", "--formats", "torch,dcp-async", "--repeats", "1"]
+    argv = ["bench", "--sizes", "300K,10M", "--formats", "torch,dcp-async", "--repeats", "1"]
     argv += ["--dir", str(work), "--out", str(out), "--json"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)

@@ -307,3 +307,38 @@ def test_a_just_in_time_tier_is_shown_searched_and_beats_one_tier_on_the_same_fa
     assert sim["single_tier"] == "persistent" and sim["waste_saved_vs_single_tier"]["lo"] > 0
     code, _, err = run(capsys, "simulate", "--scenario", toml, "--tier-interval-s", "jit=60")
     assert code == 2 and "saved just in time" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "flag", [["--failure", "weibull:shape=0.7"], ["--detection-s", "3000"], ["--restart-s", "60"]]
+)
+def test_scenario_wide_failure_flags_over_classes_that_set_their_own_are_refused(
+    capsys, tmp_path, flag
+):
+    # Every class of this file sets its own restart; none takes the scenario's family or
+    # detection time. A flag they would not reach is one line, not a run that ignores it
+    # under a header naming the flag's family.
+    toml = _variant(tmp_path, "[[failure_class]]\nname = \"process\"\n",
+                    "[[failure_class]]\nname = \"process\"\nrestart_s = 300\n")  # fmt: skip
+    code, out, err = run(capsys, "simulate", "--scenario", toml, *flag)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{flag[0]} does not reach the scenario's [[failure_class]] tables" in err
+
+
+def test_the_run_header_names_the_failure_classes_and_their_families(capsys, tmp_path):
+    toml = _variant(
+        tmp_path, "gpu_mtbf_h = 20000\n", 'gpu_mtbf_h = 20000\nfailure = "weibull:shape=0.7"\n'
+    )
+    code, out, err = run(capsys, "simulate", "--scenario", toml, "--replicas", "2",
+                         "--workers", "1", "--work-h", "20")  # fmt: skip
+    assert code == 0, err
+    assert "(2 failure classes: exponential, weibull:shape=0.7)" in out.splitlines()[0]
+
+
+def test_optimize_warns_that_the_tier_closed_form_assumes_exponential_classes(capsys, tmp_path):
+    toml = _variant(
+        tmp_path, "gpu_mtbf_h = 20000\n", 'gpu_mtbf_h = 20000\nfailure = "weibull:shape=0.7"\n'
+    )
+    code, out, err = run(capsys, "optimize", "--scenario", toml, "--json")
+    assert code == 0 and "class 'process' is weibull:shape=0.7" in err
+    assert json.loads(out)["warnings"] and "warning:" not in out  # stderr, not the JSON

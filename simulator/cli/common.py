@@ -372,6 +372,25 @@ def _refuse_save_flags_over_tiers(base, overrides: dict[str, Any]) -> None:
         )
 
 
+def _refuse_flags_over_classes(base, overrides: dict[str, Any]) -> None:
+    """A file's [[failure_class]] tables each set their lifetime family and detection time
+    (and may set their restart), which the scenario-wide flags would silently not reach."""
+    classes = base.failure_classes
+    if not classes:
+        return
+    fields = ["failure", "detection_s"]
+    if all(c.restart_s is not None for c in classes):
+        fields.append("restart_s")
+    given = [k for k in fields if overrides.get(k) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise InputError(
+            f"{flag} does not reach the scenario's [[failure_class]] tables ("
+            + ", ".join(c.name for c in classes)
+            + "): each class sets its own; edit them in the file"
+        )
+
+
 def refuse_tiers(scenario, command: str) -> None:
     """One line for a command that does not model [[tier]] or [[failure_class]] tables yet."""
     if scenario.tiers or scenario.failure_classes:
@@ -402,6 +421,7 @@ def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = 
         if getattr(args, "scenario", None):
             base = load_scenario(args.scenario)
             _refuse_save_flags_over_tiers(base, overrides)
+            _refuse_flags_over_classes(base, overrides)
             return base.with_overrides(**_small_job_fits_one_node(overrides, base.gpus_per_node))
         if uses_default_preset(args, extra):
             return load_scenario(DEFAULT_PRESET)

@@ -261,6 +261,8 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
             "in seconds of compute"
         )
     result = recommend_tiers(scenario)
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.simulate:
         result["simulated"] = _simulate_tiers(args, scenario)
     if args.json:

@@ -50,6 +50,15 @@ class (``failures_gpu``, ``lost_by_gpu_h``, ``recovery_by_gpu_h``), saves and re
 tier (``saves_memory``, ``restores_memory``)."""
 
 
+def failure_label(scenario) -> str:
+    """The failure model in a run's header: the family, or the classes and their families."""
+    classes = scenario.failure_classes
+    if not classes:
+        return scenario.failure
+    families = ", ".join(sorted({c.failure for c in classes}))
+    return f"{len(classes)} failure class{'es' if len(classes) != 1 else ''}: {families}"
+
+
 def is_part(column: str) -> bool:
     """Whether ``column`` is one of a tiered run's per-class or per-tier columns."""
     return column.startswith(PART_PREFIXES) and column != "failures_in_recovery"
@@ -152,7 +161,7 @@ class SimulationResult:
             "gpus": scenario.gpus,
             "work_h": scenario.work_h,
             "mtbf_h": scenario.system_mtbf_s / 3600.0 if scenario.has_mtbf else None,
-            "failure": "trace" if trace else scenario.failure,
+            "failure": "trace" if trace else failure_label(scenario),
             "checkpoint_stall_s": scenario.save_stall_s,
             "recovery_s": scenario.recovery_s,
             "engine": engine,

@@ -461,6 +461,12 @@ def recommend_tiers(scenario) -> dict[str, Any]:
         "single_tier": single["tier"],
         "single_tier_interval_s": single["interval_s"],
         "single_tier_waste_fraction": single["waste_fraction"],
+        "warnings": [
+            f"failure class {c.name!r} is {c.failure}: the first-order plan assumes exponential "
+            "failures; --simulate finds the intervals for the family itself"
+            for c in scenario.failure_classes
+            if not c.failure.strip().lower().startswith("exponential")
+        ],
     }
     if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
         per_day = {
