@@ -17,6 +17,7 @@ import pandas as pd
 
 from experiments._report import Report, figure, table
 from simulator.display import format_duration, format_usd
+from simulator.engines.streams import search_and_check
 from simulator.model.scenario import Scenario, load_scenario
 from simulator.model.tiers import TierSchedule, first_order_plan, scheduled
 from simulator.tier_search import evaluate_schedules, simulate_tier_plan
@@ -208,7 +209,7 @@ def class_breakdown(s: Scenario, sim: dict) -> pd.DataFrame:
         "two tiers": TierSchedule(dict(sim["tier_intervals_s"])),
         "one tier": TierSchedule(single),
     }
-    check = np.random.SeedSequence(SEED).spawn(2)[1]  # simulate_tier_plan's check seeds
+    _, check = search_and_check(SEED)  # simulate_tier_plan's check seeds
     out = evaluate(
         s, list(schedules.values()), replicas=REPLICAS, seed=check, engine="des",
         workers=WORKERS,

@@ -35,6 +35,7 @@ from scipy import optimize, stats
 from simulator import analytic
 from simulator.engines import fast
 from simulator.engines.results import is_part, mean_ci
+from simulator.engines.streams import search_and_check
 from simulator.errors import InputError
 from simulator.model.scenario import Scenario
 from simulator.policies import (
@@ -375,8 +376,7 @@ def optimize_by_simulation(
     bounds = search_bounds(scenario)
     extra = {"adaptive": Adaptive()} if adaptive else None
     checks = len(_baselines(anchor, baselines, extra))  # a bad name fails now, not after the search
-    root = np.random.SeedSequence(seed)
-    search_ss, check_ss = root.spawn(2)
+    search_ss, check_ss = search_and_check(seed)
     total = (_COARSE + _FINE + checks) * replicas
     with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
         opt = optimize_parameter(

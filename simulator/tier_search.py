@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from simulator.engines.results import mean_ci
+from simulator.engines.streams import search_and_check
 from simulator.errors import InputError
 from simulator.model.tiers import TierSchedule, first_order_plan, scheduled, single_tier_plan
 
@@ -186,12 +187,16 @@ def search_tiers(
     )
 
 
+def _waste(scenario, walls) -> np.ndarray:
+    """Waste of each run, 1 − work/wall, from its wall time (s)."""
+    return 1.0 - float(scenario.work_s) / np.asarray(walls, dtype=float)
+
+
 def waste_summary(scenario, walls: np.ndarray) -> dict[str, Any]:
     """Waste (1 − work/wall) of each replica, its mean and 95 % CI (Student's t, kept inside
     the possible 0 to 1), and the dollars a day that waste costs the cluster (when the
     scenario has GPUs and a price)."""
-    waste = 1.0 - float(scenario.work_s) / np.asarray(walls, dtype=float)
-    mean, lo, hi = mean_ci(waste)
+    mean, lo, hi = mean_ci(_waste(scenario, walls))
     lo, hi = max(lo, 0.0), min(hi, 1.0)
     out: dict[str, Any] = {"waste_fraction": mean, "waste_fraction_ci95": [lo, hi]}
     if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
@@ -264,7 +269,7 @@ def simulate_tier_plan(
     from simulator.optimize import paired_excess
 
     first = TierSchedule(dict(first_order_plan(scenario)["tier_intervals_s"]))
-    search_ss, check_ss = np.random.SeedSequence(seed).spawn(2)  # as optimize_by_simulation
+    search_ss, check_ss = search_and_check(seed)  # as optimize_by_simulation
     extra = dict(extra or {})
     total = (evaluations_for(scenario) + len(extra)) * replicas
     with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
@@ -282,7 +287,7 @@ def simulate_tier_plan(
         alone = evaluate_schedules(plain, [single.schedule()], **runs)  # the same failures
         check = np.vstack([check[:1], alone, check[1:]])
     name = single_tier_plan(scenario)["tier"]
-    waste = 1.0 - scenario.work_s / check  # per schedule and replica
+    waste = _waste(scenario, check)  # per schedule and replica
     saved = paired_excess(waste[1], waste[0])  # the single tier's waste minus the tiers'
     by_first = paired_excess(waste[2], waste[0])  # the first-order plan's minus the tiers'
     excess = {label: paired_excess(waste[3 + i], waste[0]) for i, label in enumerate(extra)}

@@ -24,6 +24,7 @@ __all__ = [
     "replica_seeds",
     "replica_streams",
     "run_seed",
+    "search_and_check",
 ]
 
 GPU, NODE, OTHER, CLASSES = 0, 1, 2, 3
@@ -41,6 +42,13 @@ def _as_seed_sequence(seed) -> np.random.SeedSequence:
     if seed is None or (isinstance(seed, int | np.integer) and not isinstance(seed, bool)):
         return np.random.SeedSequence(None if seed is None else int(seed))
     raise InputError(f"a seed must be a whole number or a SeedSequence, got {seed!r}")
+
+
+def search_and_check(seed) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:
+    """The seeds of a search and of its out-of-sample check: children 0 and 1 of ``seed``
+    (``SeedSequence(seed).spawn(2)``), so the check meets failures the search never saw."""
+    ss = _as_seed_sequence(seed)
+    return _child(ss, 0), _child(ss, 1)
 
 
 def replica_seed(seed, index: int) -> np.random.SeedSequence:
