@@ -47,6 +47,7 @@ from simulator.policies import (
     Policy,
     PolicyContext,
     Young,
+    is_steady,
 )
 
 __all__ = [
@@ -76,6 +77,10 @@ class Scaled:
     def __post_init__(self):
         if not (math.isfinite(self.factor) and self.factor > 0):
             raise InputError(f"scale factor must be a positive ratio, got {self.factor!r}")
+
+    @property
+    def steady(self) -> bool:
+        return is_steady(self.inner)
 
     def next_interval_s(self, ctx) -> float:
         return self.factor * float(self.inner.next_interval_s(ctx))

@@ -40,6 +40,7 @@ __all__ = [
     "PolicyContext",
     "UsualDefault",
     "Young",
+    "is_steady",
     "make_policy",
     "optimal_fraction",
 ]
@@ -143,6 +144,15 @@ class Policy(Protocol):
     def next_interval_s(self, ctx: PolicyContext) -> float: ...
 
 
+def is_steady(policy: Policy) -> bool:
+    """Whether ``policy`` gives one interval all run long: it reads only the scenario's part of
+    the context (δ, R, the MTBF), never the age, the failures seen, the exposure or the saves.
+    A policy says so with a class attribute ``steady = True``; the DES then books the saves
+    between two failures without asking it again (``tests/test_policies.py`` checks every
+    policy that claims it against contexts that differ in everything else)."""
+    return bool(getattr(policy, "steady", False))
+
+
 def _phi(a: float) -> float:
     """−a − ln(1 − a) = Σ_{k≥2} aᵏ/k; the series avoids cancellation for small a."""
     if a < 0.05:
@@ -201,6 +211,7 @@ class FixedInterval:
 
     interval_s: float
     name: str = "fixed"
+    steady = True
 
     def __post_init__(self):
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
@@ -217,6 +228,7 @@ class Young:
     """Young (1974): τ = sqrt(2 δ M)."""
 
     name: str = "young"
+    steady = True
 
     def next_interval_s(self, ctx: PolicyContext) -> float:
         return _young_s(float(ctx.checkpoint_s), float(ctx.mtbf_s))
@@ -227,6 +239,7 @@ class Daly:
     """Daly (2006) higher-order estimate."""
 
     name: str = "daly"
+    steady = True
 
     def next_interval_s(self, ctx: PolicyContext) -> float:
         return _daly_s(float(ctx.checkpoint_s), float(ctx.mtbf_s))
@@ -237,6 +250,7 @@ class ExactOptimal:
     """The exact minimiser of Daly's expected wall time (exponential failures)."""
 
     name: str = "optimal"
+    steady = True
 
     def next_interval_s(self, ctx: PolicyContext) -> float:
         return _optimal_s(float(ctx.checkpoint_s), float(ctx.mtbf_s))

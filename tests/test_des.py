@@ -378,3 +378,96 @@ def test_adaptive_in_the_des_sees_a_job_level_lifetime_without_a_gpu_count():
     f = arrays["checkpoints"][0]
     se = math.hypot(saves["adaptive"].std(ddof=1) / math.sqrt(30), f.std(ddof=1) / 20.0)
     assert abs(saves["adaptive"].mean() - f.mean()) < 4 * se
+
+
+# -- fast-forward: cycles before the next failure booked without a SimPy event each --------
+def _fast_forward_cases():
+    from simulator.controller.schedule import ControllerPolicy
+    from simulator.optimize import Scaled
+    from simulator.policies import Adaptive, Daly, ExactOptimal, Young
+
+    base = Scenario(
+        gpus=256,
+        gpus_per_node=8,
+        gpu_mtbf_h=2000.0,
+        failure="weibull:shape=0.7",
+        checkpoint_s=60.0,
+        restart_s=300.0,
+        work_h=200.0,
+    )
+    scenarios = {
+        "weibull": base,
+        "nodes+spares": base.with_overrides(node_mtbf_h=3000.0, spares=1, repair_h=2.0),
+        "detection+warmup": base.with_overrides(detection_s=45.0, warmup_s=10.0),
+        "job-level": Scenario(
+            mtbf_h=4.0,
+            failure="weibull:shape=0.5",
+            checkpoint_s=60.0,
+            restart_s=120.0,
+            work_h=100.0,
+        ),
+    }
+    policies = [
+        FixedInterval(1500.0),
+        Young(),
+        Daly(),
+        ExactOptimal(),
+        Adaptive(),
+        Scaled(ExactOptimal(), 0.5),
+        Scaled(Adaptive(), 2.0),
+        ControllerPolicy(),
+        ControllerPolicy(step_s=7.0),
+    ]
+    return [(k, s, p) for k, s in scenarios.items() for p in policies]
+
+
+@pytest.mark.parametrize(
+    "label,scenario,policy", _fast_forward_cases(), ids=lambda x: getattr(x, "name", None)
+)
+def test_fast_forward_books_exactly_what_the_simpy_events_would(label, scenario, policy):
+    """The job books the cycles that end before the next failure without yielding to SimPy.
+    Every count and every time bucket must come out as when each cycle is two SimPy
+    timeouts (``fast_forward=False``), under every policy, the learning and step-bound ones
+    included, with node failures, spares, detection and a job-level lifetime."""
+    from simulator.engines.des import failure_source_for
+    from simulator.engines.streams import replica_streams
+
+    for seed in range(3):
+        runs = []
+        for forward in (True, False):
+            gpu, node, other = replica_streams(seed)
+            source = failure_source_for(scenario, gpu, node)
+            runs.append(ClusterJob(scenario, policy, source, other, fast_forward=forward).run())
+        fast, slow = runs
+        assert slow["failures"] > 0 and slow["checkpoints"] > slow["failures"]
+        for key, value in slow.items():
+            if isinstance(value, int):
+                assert fast[key] == value, (label, key)
+            else:
+                assert fast[key] == pytest.approx(value, rel=1e-12, abs=1e-9), (label, key)
+
+
+def test_fast_forward_replays_a_trace_with_failures_at_the_exact_save_boundaries():
+    # After the first failure (1100, the end of the first save) the job resumes at 1150 with
+    # the next failure known: saves end at 2250 and 3350. A failure exactly at 3350 strikes
+    # that save before it lands (SimPy runs the failure's earlier-scheduled event first), so
+    # the booked path must stop strictly before the failure; then one at a segment's end
+    # (3400 + 1000) and one mid-save.
+    trace = [1100.0, 3350.0, 4400.0, 6000.0, 6050.0, 9999.0]
+    scenario = Scenario(work_h=12000 / HOUR, checkpoint_s=100.0, restart_s=50.0)
+    runs = [
+        ClusterJob(
+            scenario,
+            FixedInterval(1000.0),
+            TraceFailures(trace),
+            np.random.default_rng(0),
+            fast_forward=forward,
+        ).run()
+        for forward in (True, False)
+    ]
+    assert runs[0] == runs[1]
+    assert runs[1]["failures"] == len(trace)
+    # Lost, by hand: 1000 (save cut at 1100) + 1000 (save cut at 3350) + 1000 (segment cut at
+    # its end, 4400) + 450 (5550-6000) + 0 (6050 strikes the recovery) + 599 (9400-9999).
+    assert runs[1]["lost_s"] == pytest.approx(4049.0, abs=1e-6)
+    assert runs[1]["failures_in_recovery"] == 1

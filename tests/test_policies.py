@@ -284,3 +284,55 @@ def test_the_controller_policy_learns_the_rate_and_waits_for_an_async_write():
     assert first > 5 * later
     clamped = ControllerPolicy().next_interval_s(PolicyContext(**base, write_s=50_000.0))
     assert clamped == 50_000.0  # the next save cannot start before the last write ends
+
+
+def test_every_policy_that_claims_to_be_steady_gives_one_interval_whatever_the_run_has_met():
+    """``steady`` lets the DES skip asking between failures; a policy that claims it must not
+    read the age, the failures seen, the exposure or the saves (checked on many contexts)."""
+    import dataclasses
+
+    from simulator.controller.schedule import ControllerPolicy
+    from simulator.model.scenario import Scenario
+    from simulator.optimize import Scaled
+    from simulator.policies import (
+        Adaptive,
+        Daly,
+        ExactOptimal,
+        FixedInterval,
+        PolicyContext,
+        Young,
+        is_steady,
+    )
+
+    scenario = Scenario(
+        gpus=512,
+        gpu_mtbf_h=5000.0,
+        failure="weibull:shape=0.6",
+        checkpoint_s=60.0,
+        restart_s=300.0,
+        work_h=100.0,
+    )
+    base = PolicyContext.from_scenario(scenario)
+    variants = [
+        dataclasses.replace(
+            base,
+            age_s=a,
+            failures_seen=f,
+            exposure_s=e,
+            checkpoints_committed=c,
+            saves_since_start=k,
+        )
+        for a in (0.0, 1.0, 3600.0, 1e6)
+        for f in (0, 3)
+        for e in (0.0, 5e4)
+        for c in (0, 7)
+        for k in (0, 2)
+    ]
+    claims = [FixedInterval(900.0), Young(), Daly(), ExactOptimal(), Scaled(Young(), 2.0)]
+    for policy in claims:
+        assert is_steady(policy), policy
+        assert len({policy.next_interval_s(ctx) for ctx in variants}) == 1, policy.name
+    # The ones that do read the run are not steady (Adaptive reads the age here).
+    for policy in (Adaptive(), ControllerPolicy(), Scaled(Adaptive(), 2.0)):
+        assert not is_steady(policy), policy
+    assert len({Adaptive().next_interval_s(ctx) for ctx in variants}) > 1

@@ -16,6 +16,13 @@ wall time falls in exactly one bucket:
 - recovery: detection + waiting for a spare (or a repair) + restart + checkpoint load +
   warm-up, restarted from scratch when a failure strikes during it.
 
+Between two failures nothing but the failure process can touch the job, so the cycles
+(a compute segment and its synchronous save) that end before the next failure is due are
+booked in plain Python — the same additions in the same order, the policy asked at the same
+times — and only the cycle a failure strikes runs as SimPy events (``ClusterJob._fast_forward``;
+``fast_forward=False`` runs every cycle as two timeouts, and the tests check the two agree).
+A steady policy (``policies.is_steady``) is asked once per run.
+
 With the scenario's defaults (no detection/warm-up/load terms, unlimited spares, synchronous
 saves, exponential failures) this is exactly the model behind Daly's expected wall time, which
 the tests check. The job ends when all work is done and saved (the last segment is saved too).
@@ -33,7 +40,7 @@ from simulator.errors import InputError
 from simulator.model.failure_source import ComponentFailures, FailureSource, MergedFailures
 from simulator.model.failures import parse_failure
 from simulator.model.scenario import Scenario
-from simulator.policies import Policy, PolicyContext
+from simulator.policies import Policy, PolicyContext, is_steady
 
 __all__ = ["MAX_WALL_FACTOR", "ClusterJob", "failure_source_for"]
 
@@ -70,6 +77,8 @@ class ClusterJob:
         policy: Policy,
         failures: FailureSource,
         rng: np.random.Generator,
+        *,
+        fast_forward: bool = True,
     ):
         if scenario.work_s is None:
             raise InputError("simulating a job needs work_h (failure-free compute, hours)")
@@ -105,6 +114,10 @@ class ClusterJob:
         self.saves_since_start = 0
         self.spares_owed = 0
         self.writer: simpy.Process | None = None
+        # Where the failure process sleeps until (None before it first runs): the job books
+        # the cycles that end before it without a SimPy event each (``_fast_forward``).
+        self.fast_forward = fast_forward
+        self.next_failure_at: float | None = None
         self.t = dict(compute=0.0, lost=0.0, checkpoint=0.0, recovery=0.0, spare_wait=0.0)
         self.n = dict(failures=0, checkpoints=0, failures_in_recovery=0, events=0)
 
@@ -126,13 +139,69 @@ class ClusterJob:
             self.t["checkpoint"] += self.env.now - start
 
     # -- the job ------------------------------------------------------------------------
+    def _interval(self, now: float) -> float:
+        """The policy's next interval, asked at time ``now`` with what it sees then."""
+        n = self.n
+        # Age = time since the last failure (0 at the start): the hazard-since-renewal view
+        # that age-aware policies (and simulator.engines.fast) use. And what a learning
+        # policy learns from: the failures met so far, over the running time outside
+        # recovery (as the controller's run log counts exposure).
+        ctx = PolicyContext(
+            **self._ctx,
+            age_s=now - self.last_failure_s,
+            failures_seen=n["failures"],
+            exposure_s=max(now - self.t["recovery"], 0.0),
+            checkpoints_committed=n["checkpoints"],
+            saves_since_start=self.saves_since_start,
+        )
+        interval_s = float(self.policy.next_interval_s(ctx))
+        if not (math.isfinite(interval_s) and interval_s > 0):
+            hint = "" if self.scenario.has_mtbf else " (it needs mtbf_h or gpu_mtbf_h)"
+            raise InputError(f"policy {self.policy.name!r} gave interval {interval_s!r} s{hint}")
+        return interval_s
+
+    def _fast_forward(self, now: float, segment: float, left: float, steady_s):
+        """Book, without a SimPy event each, the whole cycles (a compute segment and its
+        synchronous save) that end before the next failure; return (time, segment, left) of
+        the first cycle that does not, which the job then runs as SimPy events.
+
+        Nothing but the failure process can touch the job between two failures (spares and
+        repairs matter only in recovery), so a cycle that ends before the failure is due
+        books exactly what its two timeouts would: the same additions in the same order, the
+        policy asked at the same times with the same context. Only the final segment (it
+        ends the job) and async saves (their writer is a process) always take the SimPy path.
+        ``steady_s``: the interval of a steady policy (``policies.is_steady``), not asked again.
+        """
+        fail_at, write_s, work_s, t = self.next_failure_at, self.write_s, self.work_s, self.t
+        done, cycles = self.done_s, 0
+        while segment < left:
+            end = now + segment
+            after = end + write_s
+            if not after < fail_at:
+                break
+            t["compute"] += segment
+            done += segment
+            t["checkpoint"] += after - end
+            cycles += 1
+            # What the save and the next decision see: this cycle's save landed.
+            self.done_s = self.committed_s = done
+            self.n["checkpoints"] += 1
+            self.saves_since_start += 1
+            now = after
+            left = work_s - done
+            segment = self._segment(left, steady_s or self._interval(now))
+        self.n["events"] += 2 * cycles  # each booked cycle's save and the next one's segment
+        return now, segment, left
+
     def _job(self):
         # The compute segment and the save are inlined here (not ``yield from`` helpers): one
-        # generator frame per job instead of three per cycle, which is most of the DES's cost
-        # per event. ``phase`` says which timed wait an interrupt cut short, so the time spent
-        # in it lands in its bucket exactly as the phase would have booked it.
+        # generator frame per job instead of three per cycle. ``phase`` says which timed wait
+        # an interrupt cut short, so the time spent in it lands in its bucket exactly as the
+        # phase would have booked it.
         env, timeout, t, n = self.env, self.env.timeout, self.t, self.n
-        policy, ctx_fields, work_s = self.policy, self._ctx, self.work_s
+        work_s = self.work_s
+        forward = self.fast_forward and not self.async_save
+        steady_s = None
         start = env.now  # of the timed wait under way (read only while ``phase`` is set)
         while True:
             phase = None
@@ -142,31 +211,22 @@ class ClusterJob:
                 if self.done_s >= work_s:
                     yield from self._await_writer()
                     return
-                # Age = time since the last failure (0 at the start): the hazard-since-renewal
-                # view that age-aware policies (and simulator.engines.fast) use.
-                # And what a learning policy learns from: the failures met so far, over the
-                # running time outside recovery (as the controller's run log counts exposure).
-                ctx = PolicyContext(
-                    **ctx_fields,
-                    age_s=env.now - self.last_failure_s,
-                    failures_seen=self.n["failures"],
-                    exposure_s=max(env.now - self.t["recovery"], 0.0),
-                    checkpoints_committed=n["checkpoints"],
-                    saves_since_start=self.saves_since_start,
-                )
-                interval_s = float(policy.next_interval_s(ctx))
-                if not (math.isfinite(interval_s) and interval_s > 0):
-                    hint = "" if self.scenario.has_mtbf else " (it needs mtbf_h or gpu_mtbf_h)"
-                    raise InputError(
-                        f"policy {self.policy.name!r} gave interval {interval_s!r} s{hint}"
-                    )
+                if steady_s is None:
+                    interval_s = self._interval(env.now)
+                    if forward and is_steady(self.policy):
+                        steady_s = interval_s
+                else:
+                    interval_s = steady_s
                 # Compute.
                 left = work_s - self.done_s
                 segment = self._segment(left, interval_s)
                 start = env.now
                 n["events"] += 1
+                if forward and self.next_failure_at is not None:
+                    start, segment, left = self._fast_forward(start, segment, left, steady_s)
                 phase = "compute"
-                yield timeout(segment)
+                # One timeout to the end of the first cycle not booked ahead (from ``start``).
+                yield timeout(start - env.now + segment)
                 t["compute"] += segment
                 # Landing exactly on work_s: now − start can differ from segment in the last bit.
                 self.done_s = work_s if segment >= left else self.done_s + segment
@@ -225,6 +285,10 @@ class ClusterJob:
         start = self.env.now
         detection_s, rest_s = self._recovery_times()
         try:
+            if self.pool is None:  # no wait for a spare: detection and restart in one timeout
+                yield self.env.timeout(detection_s + rest_s)
+                self.recovering = False
+                return
             yield self.env.timeout(detection_s)
             wait_start = self.env.now
             try:
@@ -270,6 +334,7 @@ class ClusterJob:
     def _failures(self, job: simpy.Process):
         while True:
             t, cause = self._next_failure()
+            self.next_failure_at = max(t, self.env.now)
             if not math.isfinite(t):
                 return
             yield self.env.timeout(max(t - self.env.now, 0.0))
