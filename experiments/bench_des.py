@@ -17,6 +17,14 @@ the same job and the same event mix, so events/s isolates what the cluster size 
 way in the peer model and the DES. The fast engine keeps no event log, so it is credited
 2 x checkpoints + failures (each completed checkpoint is one segment and one save; interrupted
 segments and saves are not counted): a lower bound, so its ratio is, if anything, understated.
+The DES runs the Llama-3 job's ``ExactOptimal`` interval, a steady policy: between two
+failures it books the cycles that end before the next failure in plain Python and asks the
+policy once per run (``simulator.engines.des``), so its cost is mostly the SimPy events of
+each failure (the interrupt, the recovery, the cut cycle). ``DES Adaptive`` runs ``Adaptive``,
+which reads the age and is asked before every segment: the cost of a policy that is not steady.
+The issue that set the 10x goal measured its peer at ~26k events/s at 64 nodes; the peer
+here, written to be as lean as SimPy allows, measures far faster (the table), so the goal is
+judged against this faster yardstick.
 Each cell is the wall time (``time.perf_counter``) of whole replicas, setup included, in this
 one process. The machine is shared and noisy, so the engines run interleaved (size by size,
 engine by engine, repeat by repeat), each ratio is taken within one repeat, and the table
@@ -46,7 +54,7 @@ from simulator.engines.fast import simulate_policies
 from simulator.engines.streams import replica_streams
 from simulator.model.failure_source import stationary_residual
 from simulator.model.scenario import load_scenario
-from simulator.policies import ExactOptimal, PolicyContext
+from simulator.policies import Adaptive, ExactOptimal, PolicyContext
 
 LLAMA = load_scenario("llama3").with_overrides(failure="weibull:shape=0.7")
 JOB_MTBF_H = LLAMA.system_mtbf_s / 3600.0
@@ -117,14 +125,20 @@ def run_per_gpu(scenario, replicas: int, rep: int) -> tuple[float, int]:
     return run_peer(scenario, replicas, rep, per_gpu=True)
 
 
-def run_des(scenario, replicas: int, rep: int) -> tuple[float, int]:
+def run_des(scenario, replicas: int, rep: int, policy=None) -> tuple[float, int]:
+    policy = policy or ExactOptimal()
     start, events = time.perf_counter(), 0
     for i in range(replicas):
         gpu_rng, node_rng, other = replica_streams(replica_seed(rep, i))
         source = failure_source_for(scenario, gpu_rng, node_rng)
-        r = ClusterJob(scenario, ExactOptimal(), source, other).run()
+        r = ClusterJob(scenario, policy, source, other).run()
         events += r["events"] + r["failures"]
     return time.perf_counter() - start, events
+
+
+def run_des_adaptive(scenario, replicas: int, rep: int) -> tuple[float, int]:
+    """The DES with ``Adaptive``, which reads the age: asked before every segment."""
+    return run_des(scenario, replicas, rep, Adaptive())
 
 
 def run_fast(scenario, replicas: int, rep: int) -> tuple[float, int]:
@@ -135,7 +149,13 @@ def run_fast(scenario, replicas: int, rep: int) -> tuple[float, int]:
     return took, int(2 * a["checkpoints"].sum() + a["failures"].sum())
 
 
-ENGINES = {"peer": run_peer, "per_gpu": run_per_gpu, "des": run_des, "fast": run_fast}
+ENGINES = {
+    "peer": run_peer,
+    "per_gpu": run_per_gpu,
+    "des": run_des,
+    "des_adaptive": run_des_adaptive,
+    "fast": run_fast,
+}
 
 
 def verdict(ratios: list[float], goal: float) -> str:
@@ -170,21 +190,23 @@ def measure(repeats: int, replicas: dict[str, int]) -> dict:
 def render(rates: dict, repeats: int, replicas: dict[str, int]) -> str:
     rows = [
         "| GPUs (nodes) | peer per-node events/s | peer per-GPU events/s | DES events/s | "
-        "fast events/s | DES/peer | DES/per-GPU | fast/peer | "
-        f"DES >= {DES_GOAL:g}x peer | fast >= {FAST_GOAL:,.0f}x peer |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "DES Adaptive events/s | fast events/s | DES/peer | DES Adaptive/peer | DES/per-GPU | "
+        f"fast/peer | DES >= {DES_GOAL:g}x peer | fast >= {FAST_GOAL:,.0f}x peer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts, des_ratio = {}, {}
     for gpus in SIZES:
-        p, g, d, f = (rates[(gpus, n)] for n in ENGINES)
+        p, g, d, da, f = (rates[(gpus, n)] for n in ENGINES)
         rd = [a / b for a, b in zip(d, p, strict=True)]
+        ra = [a / b for a, b in zip(da, p, strict=True)]
         rg = [a / b for a, b in zip(d, g, strict=True)]
         rf = [a / b for a, b in zip(f, p, strict=True)]
         verdicts[gpus], des_ratio[gpus] = (verdict(rd, DES_GOAL), verdict(rf, FAST_GOAL)), rd
         rows.append(
             f"| {gpus:,} ({at_size(gpus).nodes:,}) | {spread(p, ',.0f')} | {spread(g, ',.0f')} | "
-            f"{spread(d, ',.0f')} | {spread(f, ',.0f')} | {spread(rd, '.2f')} | "
-            f"{spread(rg, '.2f')} | {spread(rf, ',.0f')} | {verdicts[gpus][0]} | "
+            f"{spread(d, ',.0f')} | {spread(da, ',.0f')} | {spread(f, ',.0f')} | "
+            f"{spread(rd, '.2f')} | {spread(ra, '.2f')} | {spread(rg, '.2f')} | "
+            f"{spread(rf, ',.0f')} | {verdicts[gpus][0]} | "
             f"{verdicts[gpus][1]} |"
         )
     des = {g: rates[(g, "des")] for g in SIZES}
@@ -219,9 +241,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args()
     if args.quick:
-        repeats, replicas = args.repeats or 3, {"peer": 1, "per_gpu": 1, "des": 3, "fast": 200}
+        repeats = args.repeats or 3
+        replicas = {"peer": 1, "per_gpu": 1, "des": 3, "des_adaptive": 2, "fast": 200}
     else:
-        repeats, replicas = args.repeats or 9, {"peer": 6, "per_gpu": 3, "des": 12, "fast": 2000}
+        repeats = args.repeats or 9
+        replicas = {"peer": 6, "per_gpu": 3, "des": 24, "des_adaptive": 6, "fast": 2000}
     machine = (
         f"{os.cpu_count()} CPU cores, {platform.python_implementation()} "
         f"{platform.python_version()}, simpy {simpy.__version__}, numpy {np.__version__}"
