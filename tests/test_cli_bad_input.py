@@ -62,6 +62,11 @@ def assert_one_line_error(code, err, fragment):
          "--gpus-per-node (16) exceeds --gpus (8)"),
         (["optimize", "--mtbf-h", "10", "--failure", "weibull:shape=1,shape=2"], "given twice"),
         (["optimize", "--mtbf-h", "10", "--format", "torch"], "--format needs --profile"),
+        # Ignored once: simulation flags without --simulate did nothing, silently.
+        (["optimize", "--mtbf-h", "10", "--replicas", "50"], "--replicas only matters with"),
+        (["optimize", "--mtbf-h", "10", "--seed", "3", "--max-core-hours", "1"],
+         "--seed, --max-core-hours only matter with --simulate"),
+        (["optimize", "--mtbf-h", "10", "--workers", "2"], "add --simulate or drop it"),
         (["simulate", *JOB, "--out", "s.xlsx"], "unsupported extension; use .csv, .parquet"),
         (["sweep", *JOB, "--out", "s.xlsx"], "unsupported extension; use .parquet, .csv"),
         (["plot", "controller", "--log", "x.csv", "--out", "p.pdf"], "unsupported extension"),

@@ -50,3 +50,13 @@ def test_durations_are_in_the_unit_a_reader_thinks_in():
     assert [format_duration(s) for s in (45, 1116, 5400, 7.2e6)] == [
         "45 s", "18.6 min", "1.50 h", "2,000 h",
     ]  # fmt: skip
+
+
+def test_the_interval_of_a_never_negative_column_stops_at_zero():
+    from simulator.engines.results import describe
+
+    rare = [0.0] * 19 + [1.0]  # 1 failure in 20 replicas: the t-interval dips below 0
+    d = describe(rare)
+    assert d["mean"] == 0.05 and d["ci95"][0] == 0.0 and d["ci95"][1] > 0.05
+    signed = [-1.0] + [0.0] * 18 + [1.0]  # a difference may be negative: left alone
+    assert describe(signed)["ci95"][0] < 0

@@ -106,7 +106,6 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-core-hours",
         type=positive_float("hours"),
-        default=DEFAULT_MAX_CORE_HOURS,
         metavar="H",
         help=f"most estimated core time (default {DEFAULT_MAX_CORE_HOURS:g} h)",
     )
@@ -120,12 +119,14 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
 
 def enforce_budget(args: argparse.Namespace, est, workers: int = 1) -> None:
     """Refuse (one line) a run whose estimate ``est`` exceeds the command's limits."""
-    from simulator.engines.budget import check
+    from simulator.engines.budget import DEFAULT_MAX_CORE_HOURS, check
 
     gb = getattr(args, "max_memory_gb", None)
     check(
         est,
-        max_core_hours=args.max_core_hours,
+        max_core_hours=(
+            DEFAULT_MAX_CORE_HOURS if args.max_core_hours is None else args.max_core_hours
+        ),
         max_memory_bytes=None if gb is None else gb * 1e9,
         workers=workers,
     )

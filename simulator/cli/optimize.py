@@ -93,10 +93,8 @@ def register(subparsers) -> None:
         "[[tier]] tables, every tier's interval at once and the best single tier beside it.",
     )
     sim.add_argument("--simulate", action="store_true", help="add the simulated optimum")
-    sim.add_argument(
-        "--replicas", type=positive_int, default=200, help="replicas per candidate (default 200)"
-    )
-    sim.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
+    sim.add_argument("--replicas", type=positive_int, help="replicas per candidate (default 200)")
+    sim.add_argument("--seed", type=seed_int, help="random seed (default 0)")
     add_workers_flag(sim, "worker processes for the DES")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_budget_flags(parser)
@@ -163,6 +161,26 @@ def apply_profile(args: argparse.Namespace, scenario):
     return scenario, info
 
 
+SIMULATION_FLAGS = ("replicas", "seed", "workers", "no_progress", "max_core_hours", "max_memory_gb")
+"""What only a simulated search uses: given without --simulate, a user expects them to count."""
+
+
+def _only_with_simulate(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a simulation flag given without --simulate (it would do nothing);
+    then fill the simulation's defaults."""
+    if not args.simulate:
+        given = [f for f in SIMULATION_FLAGS if getattr(args, f, None) not in (None, False)]
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise InputError(
+                f"{flags} only matter{'s' if len(given) == 1 else ''} with --simulate (the "
+                "closed forms are not simulated); add --simulate or drop "
+                + ("it" if len(given) == 1 else "them")
+            )
+    args.replicas = 200 if args.replicas is None else args.replicas
+    args.seed = 0 if args.seed is None else args.seed
+
+
 def run(args: argparse.Namespace) -> int:
     from simulator.cli.common import (
         print_json,
@@ -174,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from simulator.model.scenario import DEFAULT_PRESET
 
+    _only_with_simulate(args)
     default = uses_default_preset(args)
     scenario = scenario_from_args(args)
     require_failure_rate(scenario)

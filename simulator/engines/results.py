@@ -115,10 +115,16 @@ def goal_verdict(intervals, *, at_least: float | None = None, at_most: float | N
 
 
 def describe(values) -> dict[str, Any]:
-    """Mean, std, 95% t-interval of the mean, and p50/p90/p99 of one column."""
+    """Mean, std, 95% t-interval of the mean, and p50/p90/p99 of one column.
+
+    A column that is never negative (times, counts, dollars) has a mean that is not either, so
+    its interval stops at 0 rather than showing, say, -0.1 failures (the truncated interval
+    holds the true mean whenever the t-interval does)."""
     x = np.asarray(values, dtype=float)
     n = x.size
     mean, lo, hi = mean_ci(x, 0.95)
+    if n and math.isfinite(lo) and float(x.min()) >= 0.0:
+        lo = max(lo, 0.0)
     std = float(x.std(ddof=1)) if n > 1 else math.nan
     p50, p90, p99 = np.percentile(x, [50, 90, 99]) if n else [math.nan] * 3
     return {
