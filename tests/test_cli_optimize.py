@@ -298,3 +298,11 @@ def test_simulate_on_the_des_in_two_worker_processes_gives_the_one_process_answe
     one, _ = run_json(capsys, *job, "--workers", "1")
     two, _ = run_json(capsys, *job, "--workers", "2")
     assert two["simulated"] == one["simulated"] and one["simulated"]["engine"] == "des"
+
+
+def test_the_closed_forms_say_they_leave_out_the_wait_for_a_spare(capsys):
+    argv = ["--mtbf-h", "10", "--gpus", "64", "--spares", "1", "--repair-h", "4"]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0 and "leave out waiting for a spare" in err
+    code, _, err = run_cli(capsys, "--mtbf-h", "10", "--gpus", "64")
+    assert code == 0 and "spare" not in err

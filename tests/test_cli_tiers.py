@@ -102,7 +102,9 @@ def test_simulate_runs_the_tiers_and_counts_failures_per_class_and_saves_per_tie
     [
         (["--tier-interval-s", "memory"], "give NAME=SECONDS"),
         (["--tier-interval-s", "disk=60"], "no tier named 'disk'"),
-        (["--tier-interval-s", "memory=0"], "give NAME=SECONDS"),
+        (["--tier-interval-s", "memory=0"], "must be a positive, finite number"),
+        (["--tier-interval-s", "memory=inf"], "must be a positive, finite number"),
+        (["--tier-interval-s", "memory=ten"], "give NAME=SECONDS"),
         (["--tier-interval-s", "memory=5", "--tier-interval-s", "memory=6"], "given twice"),
         (["--policy", "young"], "not --policy"),
     ],

@@ -108,6 +108,11 @@ def test_a_scenario_without_tables_has_no_tier_keys_and_its_old_rate():
         (('name = "memory"', 'name = "persistent"'), "named 'persistent'"),
         (("gpu_mtbf_h = 100000", "gpu_mtbf_h = 100000\nmtbf_h = 5"), "exactly one of"),
         (("nodes_lost = 0", "nodes_lost = 1.5"), "nodes_lost must be a whole number"),
+        (("nodes_lost = 0", "nodes_lost = 129"), "more than the job's 128 nodes"),
+        (
+            ("checkpoint_s = 2", "checkpoint_s = 2\nasync = true\nstaging_s = 3"),
+            "staging_s = 3 s is longer than the whole write, checkpoint_s = 2 s",
+        ),
         (("detection_s = 60", 'detection_s = "a minute"'), "detection_s must be"),
         (("work_h = 10", "work_h = 10\nmtbf_h = 3"), "classes are the failure model"),
         (("async = true", 'async = "yes"'), "async must be true or false"),

@@ -209,6 +209,12 @@ def run(args: argparse.Namespace) -> int:
             f"({scenario.gpus:,} GPUs); see --help to describe your own job",
             file=sys.stderr,
         )
+    if scenario.spares is not None and not args.simulate:
+        print(
+            "note: the closed forms leave out waiting for a spare (spares, repair_h); "
+            "--simulate adds that wait",
+            file=sys.stderr,
+        )
     if scenario.tiers:
         return _run_tiers(args, scenario)
     scenario, measured = apply_profile(args, scenario)

@@ -216,8 +216,13 @@ def _tier_schedule(args: argparse.Namespace, scenario):
             seconds = float(value)
         except ValueError:
             seconds = math.nan
-        if not sep or not name or not (math.isfinite(seconds) and seconds > 0):
+        if not sep or not name or math.isnan(seconds):
             raise InputError(f"--tier-interval-s {text!r}: give NAME=SECONDS, e.g. memory=600")
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise InputError(
+                f"--tier-interval-s {text!r}: the interval must be a positive, finite number "
+                f"of compute seconds between saves to {name}, got {value}"
+            )
         if name in given:
             raise InputError(f"--tier-interval-s {name} is given twice; give it once")
         given[name] = seconds

@@ -207,6 +207,19 @@ class Scenario:
             )
         for c in self.failure_classes:
             c.components(self.gpus, self.nodes)  # a per-GPU/node class needs the counts
+            if self.nodes is not None and c.nodes_lost > self.nodes:
+                raise InputError(
+                    f"failure_class {c.name!r}: nodes_lost = {c.nodes_lost} is more than the "
+                    f"job's {self.nodes:,} nodes ({self.gpus:,} GPUs, {self.gpus_per_node} per "
+                    "node)"
+                )
+        for t in self.tiers:
+            if t.asynchronous and t.checkpoint_s is not None and t.staging_s > t.checkpoint_s:
+                raise InputError(
+                    f"tier {t.name!r}: staging_s = {t.staging_s:g} s is longer than the whole "
+                    f"write, checkpoint_s = {t.checkpoint_s:g} s: an async save cannot stall "
+                    "training longer than a synchronous one (drop async or fix staging_s)"
+                )
         if self.failure_classes and (not self.tiers or self.tiers[0].implicit):
             # Classes without tiers: the scenario's own save is the one tier, and every class
             # rolls back to it (each with its own detection and restart). Without this the
