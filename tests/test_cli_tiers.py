@@ -344,3 +344,29 @@ def test_optimize_warns_that_the_tier_closed_form_assumes_exponential_classes(ca
     code, out, err = run(capsys, "optimize", "--scenario", toml, "--json")
     assert code == 0 and "class 'process' is weibull:shape=0.7" in err
     assert json.loads(out)["warnings"] and "warning:" not in out  # stderr, not the JSON
+
+
+def test_every_strategy_says_what_it_assumes_in_the_table_and_the_json(capsys, toml, tmp_path):
+    code, out, _ = run(capsys, "optimize", "--scenario", str(toml))
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith("  ")]
+    assert lines and max(len(line) for line in lines) <= 100  # wrapped for a terminal
+    assert not any(line.rstrip().endswith(tuple("0123456789")) for line in lines)  # "60 s"
+    text = " ".join(out.split())
+    assert "assumes memory: a copy that outlives process failures but not node" in text
+    assert "(2 s stall per save, restore 10 s)" in text
+    assert "assumes persistent: a copy every failure class leaves intact" in text
+    code, out, _ = run(capsys, "optimize", "--scenario", str(toml), "--json")
+    assumes = json.loads(out)["assumes"]
+    assert [a.split(":")[0] for a in assumes["tiers"]] == ["memory", "persistent"]
+    assert assumes["single_tier"].startswith("persistent: a copy every failure class")
+    jit = _variant(
+        tmp_path,
+        'name = "memory"\ncheckpoint_s = 2\n',
+        'name = "jit"\njit = true\ncheckpoint_s = 60\n',
+    )
+    code, out, _ = run(capsys, "optimize", "--scenario", jit, "--json")
+    assert json.loads(out)["assumes"]["tiers"][0] == (
+        "jit: healthy replicas still hold the whole state after a process failure and save it "
+        "in 60 s (restore 10 s)"
+    )

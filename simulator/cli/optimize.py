@@ -317,11 +317,22 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
     if money:
         tiered += f", {format_usd(result['usd_lost_per_day'])}/day lost"
         single += f", {format_usd(result['single_tier_usd_lost_per_day'])}/day lost"
+    import re
+    import textwrap
+
+    def assumes(parts: list[str]) -> list[str]:
+        # A number and its unit stay on one line (a no-break space while wrapping).
+        text = re.sub(r"(\d) s\b", "\\1\u00a0s", "assumes " + "; ".join(parts))
+        wrapped = textwrap.wrap(text, 96, initial_indent="  ", subsequent_indent="    ")
+        return [line.replace("\u00a0", " ") for line in wrapped]
+
     lines += [
         "",
         f"tiers as above: {tiered}",
+        *assumes(result["assumes"]["tiers"]),
         f"one tier ({result['single_tier']} every "
         f"{format_duration(result['single_tier_interval_s'])}): {single}",
+        *assumes([result["assumes"]["single_tier"]]),
     ]
     better = result["optimal_waste_fraction"] < result["single_tier_waste_fraction"]
     if len(scenario.tiers) == 1:

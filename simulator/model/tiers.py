@@ -289,7 +289,7 @@ def first_order_plan(scenario) -> dict[str, Any]:
 
     if not scenario.tiers:
         raise InputError("the tier closed form needs [[tier]] tables in the scenario")
-    writers = scenario.writer_nodes or scenario.nodes or 1
+    writers = _writers(scenario)
     costs = {t.name: t.stall_s(writers) for t in scheduled(scenario.tiers)}
     rates = dict.fromkeys(costs, 0.0)
     restart_cost = 0.0
@@ -415,7 +415,7 @@ def single_tier_plan(scenario) -> dict[str, Any]:
     survives every class (the persistent one), at the first-order optimum for all failures."""
     from simulator import analytic
 
-    writers = scenario.writer_nodes or scenario.nodes or 1
+    writers = _writers(scenario)
     terms = class_terms(scenario)
     names = {name for name, _, _ in terms}
     surviving = [t for t in scheduled(scenario.tiers) if names <= set(t.survives)]
@@ -436,6 +436,36 @@ def _jit_rates_per_h(scenario) -> dict[str, float]:
         if jit is not None:
             out[jit.name] += rate * 3600.0
     return out
+
+
+def _writers(scenario) -> int:
+    """Nodes that write a save in parallel (the scenario's writer_nodes, else all)."""
+    return scenario.writer_nodes or scenario.nodes or 1
+
+
+def what_it_assumes(scenario, tier: Tier) -> str:
+    """What a plan that saves to ``tier`` takes for granted, for a person: which failures a
+    copy there survives (so which hardware must hold it: host memory, a peer, shared
+    storage), and what a save and a restore cost."""
+    from simulator.model.scenario import IMPLICIT_CLASS
+
+    writers = _writers(scenario)
+    classes = sorted(c.name for c in scenario.failure_classes) or [IMPLICIT_CLASS]
+    survived = [c for c in classes if c in tier.survives]
+    lost = [c for c in classes if c not in tier.survives]
+    if tier.jit:
+        return (
+            f"{tier.name}: healthy replicas still hold the whole state after a "
+            f"{', '.join(survived)} failure and save it in {tier.checkpoint_s or 0.0:g} s "
+            f"(restore {tier.restore_s:g} s)"
+        )
+    cost = f"{tier.stall_s(writers):.3g} s stall per save, restore {tier.restore_s:g} s"
+    if not lost:
+        return f"{tier.name}: a copy every failure class leaves intact ({cost})"
+    return (
+        f"{tier.name}: a copy that outlives {', '.join(survived)} failures but not "
+        f"{', '.join(lost)} ({cost})"
+    )
 
 
 def recommend_tiers(scenario) -> dict[str, Any]:
@@ -461,6 +491,12 @@ def recommend_tiers(scenario) -> dict[str, Any]:
         "single_tier": single["tier"],
         "single_tier_interval_s": single["interval_s"],
         "single_tier_waste_fraction": single["waste_fraction"],
+        "assumes": {
+            "tiers": [what_it_assumes(scenario, t) for t in scenario.tiers],
+            "single_tier": what_it_assumes(
+                scenario, next(t for t in scenario.tiers if t.name == single["tier"])
+            ),
+        },
         "warnings": [
             f"failure class {c.name!r} is {c.failure}: the first-order plan assumes exponential "
             "failures; --simulate finds the intervals for the family itself"
