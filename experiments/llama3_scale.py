@@ -1,9 +1,10 @@
 """Study 2 — Llama-3 scale: 16,384 GPUs, the interval to use and the money at stake per day.
 
 The embedded Llama-3 405B scenario (Meta's published 419 interruptions in 54 days on 16,384
-GPUs; 60 s save stall and 10 min restart assumed, $2/GPU-hour). The optimum by simulation,
-its CI, and the excess cost of Young, Daly and the hourly/30 min/3 h habits, measured as
-paired differences under common random numbers on fresh seeds.
+GPUs; a 10 s save stall calibrated to the paper's > 90 % effective training time, see
+reports/llama3-calibration.md; a 10 min restart assumed; $2/GPU-hour). The optimum by
+simulation, its CI, and the excess cost of Young, Daly and the hourly/30 min/3 h habits,
+measured as paired differences under common random numbers on fresh seeds.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     inside = "inside" if lo <= predicted_h <= hi else "OUTSIDE"
     print(
         f"  simulated wall time {s['wall_h_mean']:,.1f} h (95% CI {lo:,.1f}-{hi:,.1f} h), "
-        f"{s['failures_mean']:.0f} failures and {s['checkpoints_mean']:.0f} saves per run"
+        f"{s['failures_mean']:,.0f} failures and {s['checkpoints_mean']:,.0f} saves per run"
     )
     print(f"  Daly's closed form  {predicted_h:,.1f} h: {inside} the simulated interval")
 
