@@ -1,4 +1,5 @@
-"""The committed LANL table is the release's, and its lifetimes are censored as documented."""
+"""The committed LANL table is the release's, its lifetimes are censored as documented, and
+`ckptsim fit` gives the LANL and Titan studies' numbers."""
 
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def test_system_failure_times_are_the_distinct_starts_of_any_node():
     assert t.size == table.loc[table.system == 18, "start"].nunique()
 
 
-def test_ckptsim_fit_on_a_lanl_system_gives_the_study_numbers(tmp_path, capsys):
+def _cli_fit_equals_study_fit(durations_s, observed, tmp_path, capsys):
+    """``ckptsim fit --json`` on a lifetimes log ranks and fits as ``fit_all`` does."""
     import json
 
     import pandas as pd
@@ -69,16 +71,29 @@ def test_ckptsim_fit_on_a_lanl_system_gives_the_study_numbers(tmp_path, capsys):
     from simulator.cli import main
     from simulator.fitting.fit import fit_all
 
-    nl = lanl.node_lifetimes(lanl.load_table(), 20)
-    log = tmp_path / "lanl20.csv"
-    pd.DataFrame({"duration": nl.durations_s, "event": nl.observed.astype(int)}).to_csv(
+    log = tmp_path / "lifetimes.csv"
+    pd.DataFrame({"duration": durations_s, "event": observed.astype(int)}).to_csv(
         log, index=False, float_format="%.17g"
     )
     assert main(["fit", str(log), "--unit", "s", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    study = fit_all(nl.durations_s, nl.observed)
+    study = fit_all(durations_s, observed)
+    assert got["events"] == int(observed.sum()) and got["censored"] == int((~observed).sum())
     assert [f["family"] for f in got["families"]] == [f.family for f in study]
     for row, f in zip(got["families"], study, strict=True):
         assert row["aic"] == pytest.approx(f.aic, rel=1e-9)
         for k, v in f.params.items():
             assert row["params"][k] == pytest.approx(v, rel=1e-6)
+
+
+def test_ckptsim_fit_on_a_lanl_system_gives_the_study_numbers(tmp_path, capsys):
+    nl = lanl.node_lifetimes(lanl.load_table(), 20)
+    _cli_fit_equals_study_fit(nl.durations_s, nl.observed, tmp_path, capsys)
+
+
+def test_ckptsim_fit_on_the_titan_gpus_gives_the_titan_study_numbers(tmp_path, capsys):
+    # experiments/titan_fit.py fits fit_all(*titan.gpu_lifetimes()): 18,688 slots' first events.
+    from simulator.fitting import titan
+
+    durations_s, observed = titan.gpu_lifetimes()
+    _cli_fit_equals_study_fit(durations_s, np.asarray(observed, bool), tmp_path, capsys)
