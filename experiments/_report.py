@@ -18,11 +18,12 @@ REPORTS = ROOT / "reports"
 FIGURES = REPORTS / "figures"
 
 
-def figure(ax, name: str) -> str:
-    """Save ``ax``'s figure as PNG and SVG under reports/figures; the Markdown image link."""
+def figure(ax, name: str, *, root: Path | None = None) -> str:
+    """Save ``ax``'s figure as PNG and SVG under reports/figures (``root``/figures when given,
+    as a quick run in a test does); the Markdown image link, relative to the report."""
     from simulator import plots
 
-    plots.save(ax, FIGURES / name)
+    plots.save(ax, (FIGURES if root is None else Path(root) / "figures") / name)
     return f"![{name}](figures/{name}.png)"
 
 
@@ -52,11 +53,13 @@ class Report:
     """Collects Markdown sections and writes reports/<name>.md with a provenance footer.
 
     ``quoted``: the report also quotes published numbers from the sources it cites, and the
-    footer says so.
+    footer says so. ``root``: the directory written to instead of reports/ (a quick run in a
+    test).
     """
 
-    def __init__(self, name: str, title: str, *, quoted: bool = False):
+    def __init__(self, name: str, title: str, *, quoted: bool = False, root: Path | None = None):
         self.name, self.title, self.quoted = name, title, quoted
+        self.root = REPORTS if root is None else Path(root)
         self.parts: list[str] = [f"# {title}\n"]
         self.start = time.perf_counter()
 
@@ -72,8 +75,8 @@ class Report:
             f"{platform.python_version()}). Every number above is computed by that script"
             + (", except those quoted from the sources it cites.\n" if self.quoted else ".\n")
         )
-        REPORTS.mkdir(parents=True, exist_ok=True)
-        path = REPORTS / f"{self.name.replace('_', '-')}.md"
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{self.name.replace('_', '-')}.md"
         path.write_text("\n".join(self.parts), encoding="utf-8")
         print(f"wrote {path}")
         return path

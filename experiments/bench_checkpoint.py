@@ -247,6 +247,23 @@ def _residual_lines(profile: CostProfile) -> list[str]:
     return lines
 
 
+def _gpu_staging_lines() -> list[str]:
+    """The device-to-host staging measured by experiments/gpu_staging.py, once it has run."""
+    from experiments import gpu_staging
+
+    lines = [
+        "- stage() here copies host to host. The device-to-host staging into pinned memory, the "
+        "async stall on a GPU, is measured by `python -m experiments.gpu_staging --out "
+        "reports/gpu-staging.json` on a GPU machine"
+    ]
+    path = gpu_staging.DEFAULT_JSON
+    if not path.exists():
+        return [lines[0] + " (not run yet; this report includes it once that file exists)."]
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    table = gpu_staging.markdown_lines(doc)
+    return [lines[0] + ":", "", "## GPU staging (device to host)", "", *table]
+
+
 def render(result: BenchResult, profile: CostProfile, fig: Path, args) -> str:
     m = profile.machine
     head = max(
@@ -338,8 +355,7 @@ def render(result: BenchResult, profile: CostProfile, fig: Path, args) -> str:
         f"of the seven jobs would take at least {est_min:.0f} minutes, and the async formats "
         "need state + staged copy (24 GB) in 23 GiB of RAM. The fits below extrapolate "
         "(async stall and sync save both scale with bytes).",
-        "- No GPU here: stage() copies host-to-host. The device-to-host staging into pinned "
-        "memory is left to measure on a machine with a GPU.",
+        *_gpu_staging_lines(),
         "",
         "## Fitted cost model",
         "",

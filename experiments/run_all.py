@@ -21,6 +21,7 @@ STUDIES = (
     "scaling",
     "age_aware",
     "sweep_benchmark",
+    "precision_quality",
 )
 
 

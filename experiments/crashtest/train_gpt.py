@@ -60,6 +60,19 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def draw_batch(data, *, seed: int, step: int, batch: int, block: int):
+    """(inputs, targets) of ``step``: ``batch`` windows of ``block + 1`` characters of ``data``
+    at offsets drawn from a generator seeded by ``(seed, step)``, so a resumed run sees the
+    same batches as one that never stopped (the precision study trains with it too)."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, len(data) - block - 1, size=batch)
+    rows = torch.from_numpy(np.stack([data[s : s + block + 1] for s in starts]).astype(np.int64))
+    return rows[:, :-1], rows[:, 1:]
+
+
 def make_policy(spec: dict):
     """(policy for the controller, save-every-N-steps or None) from a policy spec."""
     from simulator import policies
@@ -82,7 +95,6 @@ def main(argv=None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     log = EventLog(args.run_dir / EVENTS, args.attempt)
 
-    import numpy as np
     import torch
     from safetensors.torch import save_file
 
@@ -118,11 +130,7 @@ def main(argv=None) -> int:
     log("ready", step=step)
 
     def batch(i: int):
-        rng = np.random.default_rng([args.seed, i])
-        starts = rng.integers(0, len(data) - args.block - 1, size=args.batch)
-        rows = np.stack([data[s : s + args.block + 1] for s in starts]).astype(np.int64)
-        rows = torch.from_numpy(rows)
-        return rows[:, :-1], rows[:, 1:]
+        return draw_batch(data, seed=args.seed, step=i, batch=args.batch, block=args.block)
 
     saved_at = step
     loss = None
