@@ -75,7 +75,7 @@ def normalise_config(config: Mapping[str, Any] | None) -> dict | None:
 
 
 def check_config(
-    where: Path, saved: Any, current: dict | None, *, ignore: tuple[str, ...] = ()
+    where: Path | str, saved: Any, current: dict | None, *, ignore: tuple[str, ...] = ()
 ) -> None:
     """Refuse, in one line naming every differing key, a checkpoint of another configuration.
 
@@ -138,11 +138,11 @@ def write_and_commit(
         if backend.writes_manifest():
             _write_through_temp(root, storage, backend, name, state, barriers=barriers)
         else:
-            backend.write(root / name, state)
+            storage.commit(name, lambda path: backend.write(path, state))
     except BaseException:
         if rank0:
             # A backend that failed half-way at the final path leaves no half checkpoint.
-            if storage.exists(name) and not ckptio.is_complete(root / name):
+            if storage.exists(name) and not storage.is_complete(name):
                 storage.remove(name)
             if storage.exists(_OLD + name):
                 storage.rename(_OLD + name, name)
@@ -255,7 +255,7 @@ def choose_checkpoint(
     may differ.
     """
     if tidy:
-        ckptio.remove_stale_temps(root)
+        storage.remove_unfinished()
         finish_deletions(storage)
         _recover_resaves(storage)
     names = sorted(
@@ -268,9 +268,11 @@ def choose_checkpoint(
         if storage.is_symlink(name):
             rejected[name] = (
                 f"{name} is a symlink (a symbolic link), ignored: a checkpoint must be a directory "
-                f"in {root}"
+                f"in {storage.describe()}"
             )
             continue
+        if storage.unfinished(name):
+            continue  # an object store's upload (or deletion) cut short: never a checkpoint
         if not storage.exists(f"{name}/{ckptio.MANIFEST}"):
             # A backend that writes in place was killed mid-write (retention's deletions no
             # longer leave such directories): kept, since what is in it is the user's.
@@ -279,12 +281,13 @@ def choose_checkpoint(
             )
             continue
         try:
-            verify_once(root / name)
+            local = storage.local_copy(name)
+            verify_once(local)
         except CorruptCheckpoint as exc:
             rejected[name] = reject(storage, name, "corrupt", str(exc), move=tidy)
             continue
         try:
-            meta = json.loads((root / name / ckptio.META_FILE).read_text(encoding="utf-8"))
+            meta = json.loads((local / ckptio.META_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             meta = None  # a distributed checkpoint: its step and config are checked once read
         if isinstance(meta, dict):
@@ -293,7 +296,7 @@ def choose_checkpoint(
                 rejected[name] = reject(storage, name, "misnamed", mismatch, move=tidy)
                 continue
         saved = meta.get("config") if isinstance(meta, dict) else None
-        check_config(root / name, saved, config, ignore=ignore)
+        check_config(storage.describe(name), saved, config, ignore=ignore)
         return name, rejected
     return None, rejected
 
