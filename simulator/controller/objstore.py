@@ -260,23 +260,27 @@ class FsspecStorage:
         """Upload the files of local checkpoint directory ``local`` as ``name``, the manifest
         last (create-only where it exists); on failure remove what was put and raise
         :class:`~simulator.ckptio.CheckpointWriteError`."""
+        if self.is_complete(name):
+            raise ckptio.CheckpointWriteError(
+                f"checkpoint {self.describe(name)} is already committed; it is never replaced"
+            )
         files = ckptio.checkpoint_files(local)
         put: list[str] = []
         try:
             for rel in sorted(files, key=lambda r: (r == MANIFEST, r)):
                 key = self.key(f"{name}/{rel}")
                 put.append(key)
-                if rel == MANIFEST:
-                    self.fs.put_file(str(local / rel), key, mode="create")
-                else:
-                    self.fs.put_file(str(local / rel), key)
+                self._put(local / rel, key, create=rel == MANIFEST)
         except BaseException as exc:
+            raced = isinstance(exc, FileExistsError)
+            ours = [k for k in put if k != self.key(f"{name}/{MANIFEST}")]
             try:
-                self.fs.rm([k for k in put if k != self.key(f"{name}/{MANIFEST}")] or put)
+                if not raced:  # after a lost race these keys hold the winner's files too
+                    self.fs.rm(ours)
             except Exception:  # what is left has no manifest: never counted
                 pass
             self.fs.invalidate_cache()
-            if isinstance(exc, FileExistsError):
+            if raced:
                 raise ckptio.CheckpointWriteError(
                     f"could not commit {self.describe(name)}: another writer committed it first "
                     "(two runs write this URL; give each run its own)"
@@ -287,6 +291,10 @@ class FsspecStorage:
                 ) from exc
             raise
         self.fs.invalidate_cache()
+
+    def _put(self, file: Path, key: str, *, create: bool) -> None:
+        """One upload; ``create``: only if no object is at ``key`` (``If-None-Match: *``)."""
+        self.fs.put_file(str(file), key, mode="create" if create else "overwrite")
 
     def local_copy(self, name: str) -> Path:
         """A local directory holding checkpoint ``name`` (downloaded once, until
