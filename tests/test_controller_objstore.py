@@ -306,7 +306,7 @@ def test_a_planted_pickle_listed_in_the_manifest_is_refused_not_loaded(s3_url, t
     _reseal(s3_url, name, files, tmp_path)
     model = torch.nn.Linear(4, 4)
     ck = checkpointer(s3_url, model)
-    with pytest.raises(UnsafeCheckpoint, match="extra.bin is a pickle"):
+    with pytest.raises(UnsafeCheckpoint, match=r"extra\.bin is a pickle"):
         ck.restore()
 
 
