@@ -251,6 +251,7 @@ class FsspecStorage:
         tmp = self._staging("ckptsim-upload-")
         try:
             local = Path(tmp) / name
+            local.parent.mkdir(parents=True, exist_ok=True)
             write(local)
             self.upload(local, name)
         finally:
@@ -323,7 +324,7 @@ class FsspecStorage:
         tmp = self._staging("ckptsim-restore-")
         try:
             local = Path(tmp) / name
-            local.mkdir()
+            local.mkdir(parents=True)
             self.fs.get_file(self.key(f"{name}/{MANIFEST}"), str(local / MANIFEST))
             manifest = ckptio.read_manifest(local)
             files = manifest["files"]
