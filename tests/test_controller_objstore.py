@@ -415,3 +415,11 @@ def test_a_distributed_backend_with_a_url_is_refused_in_one_line():
 
     with pytest.raises(InputError, match="shared file system path"):
         checkpointer("memory://x/run", torch.nn.Linear(2, 2), backend=Distributed())
+
+
+def test_the_framework_adapters_say_in_one_line_that_they_write_to_file_systems():
+    pytest.importorskip("lightning")
+    from simulator.controller.lightning import AdaptiveCheckpoint
+
+    with pytest.raises(InputError, match="the Lightning adapter checkpoints to a local or shared"):
+        AdaptiveCheckpoint("s3://bucket/run")

@@ -25,7 +25,9 @@ with a different configuration (naming every differing key; ``ignore_config_keys
 that may differ). It never starts afresh silently: when the directory holds checkpoints but
 none is intact it raises :class:`NoIntactCheckpoint` unless the user allowed it. One
 checkpointer at a time writes a directory (:mod:`simulator.controller.lock`); a read-only
-directory can still be restored from.
+directory can still be restored from. The root may also be an object-store URL
+(``s3://bucket/run``, ``memory://run``; :mod:`simulator.controller.objstore`): the same
+commit, retention and restore run through its storage, with no lock there.
 """
 
 from __future__ import annotations
@@ -115,8 +117,13 @@ class AdaptiveCheckpointer:
     ``scenario`` (which also gives ``restart_s`` and the first guess of the save cost), else a
     weak 24 h default. ``keep_last`` checkpoints are kept (at least 2 with ``async_save``)
     plus the ``milestones`` (fractions of ``total_steps``, saved exactly at those steps).
-    ``config`` is a JSON-able snapshot that a resume must match. ``storage`` must address
-    ``directory`` (a :class:`LocalStorage` or a subclass); ``clock`` is injectable for tests;
+    ``config`` is a JSON-able snapshot that a resume must match. ``directory`` may be an
+    fsspec URL (``s3://bucket/run``, ``memory://run``; ``file://`` is a local path): checkpoints
+    are then uploaded (manifest last) and downloaded to restore, with one process only and no
+    lock (:mod:`simulator.controller.objstore` says what counts and what retention may touch
+    there). ``storage`` must address ``directory`` (a :class:`LocalStorage`, or for a URL a
+    :class:`~simulator.controller.objstore.FsspecStorage`, to pass its options:
+    ``exclusive=True``, ``staging_dir``, s3fs's); ``clock`` is injectable for tests;
     ``probe_steps`` steps measure the iteration time before the first interval is chosen.
 
     Life cycle. ``close()`` (or leaving a ``with`` block normally) saves the last step passed
@@ -148,9 +155,10 @@ class AdaptiveCheckpointer:
     backend only). The checkpoint records it; restoring one warns that it is not bit-exact.
 
     Rank 0 holds an exclusive lock on ``directory`` until :meth:`close` (or its death); a
-    second process raises :class:`CheckpointLocked` naming the holder. A read-only
-    ``directory`` is opened for restoring only: nothing is written there, and a save raises
-    :class:`CheckpointWriteError`.
+    second process raises :class:`CheckpointLocked` naming the holder. (An object store has no
+    lock: there retention deletes only what this process wrote unless ``exclusive=True``.)
+    A read-only ``directory`` is opened for restoring only: nothing is written there, and a
+    save raises :class:`CheckpointWriteError`.
     """
 
     def __init__(

@@ -2,7 +2,9 @@
 
 A save commits only complete checkpoints. Through a backend that writes atomically itself
 (:class:`~simulator.controller.backend.LocalBackend`, a :mod:`simulator.ckptio` directory)
-the step directory appears whole or not at all. Through one that does not (torch.distributed),
+the step directory appears whole or not at all: the storage's ``commit`` hands it the final
+path on a disk, or a local staging path whose files an object store then uploads, manifest
+last (:mod:`simulator.controller.objstore`). Through one that does not (torch.distributed),
 every rank writes into one hidden temp directory on shared storage (never through a symlink
 planted at its name) and leaves a marker saying how it went; rank 0 commits — ckptio manifest
 last, rename, fsync — only when every rank succeeded. The markers, not a collective, carry the
@@ -12,8 +14,11 @@ existing step moves the old one aside first and drops it only once the new one i
 At restore, rank 0 — holding the directory's lock, so no other writer's files are in flight —
 first tidies what crashed processes left (temp directories of unfinished writes, deletions
 that retention began: :func:`simulator.controller.storage.finish_deletions`, a re-save cut
-short), then walks the checkpoints newest first. A checkpoint is never deleted here: one that
-is a symbolic link is ignored; one without a manifest, one that fails its checksums and one
+short), then walks the checkpoints newest first, verifying each through the storage's
+``local_copy`` (the directory itself, or an object store's download checked against its
+manifest). A checkpoint is never deleted here: one that is a symbolic link is ignored, and on
+an object store a name without a manifest (an upload cut short) is no checkpoint at all; one
+without a manifest on a disk, one that fails its checksums and one
 whose state holds another step than its name says are each rejected and moved aside as
 ``step-N.rejected-<why>`` (:func:`reject`), kept for a person to inspect or rescue and never
 counted or reused. The first that verifies is the choice — unless it was written under a
@@ -41,6 +46,7 @@ from simulator.controller.integrity import (
     write_manifest,
 )
 from simulator.controller.storage import (
+    CheckpointStorage,
     Storage,
     checkpoint_name,
     checkpoint_step,
@@ -127,7 +133,13 @@ def _leaves(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def write_and_commit(
-    root: Path, storage: Storage, backend: Backend, step: int, state: dict, *, barriers: bool
+    root: Path,
+    storage: CheckpointStorage,
+    backend: Backend,
+    step: int,
+    state: dict,
+    *,
+    barriers: bool,
 ) -> None:
     """Write ``state`` as ``step-N`` under ``root``; it exists complete or not at all."""
     name = checkpoint_name(step)
@@ -238,8 +250,8 @@ def _recover_resaves(storage: Storage) -> None:
 
 
 def choose_checkpoint(
-    root: Path,
-    storage: Storage,
+    root: Path | str,
+    storage: CheckpointStorage,
     config: dict | None,
     *,
     tidy: bool = True,

@@ -59,7 +59,7 @@ from simulator import ckptio
 from simulator.ckptio.layout import shown, unsafe_name
 from simulator.errors import InputError
 
-__all__ = ["FsspecStorage", "NoLock", "is_url", "open_storage", "open_store"]
+__all__ = ["FsspecStorage", "NoLock", "is_url", "open_storage", "open_store", "refuse_url"]
 
 MANIFEST = ckptio.MANIFEST
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -89,6 +89,16 @@ def open_storage(directory: str | os.PathLike, **options: Any):
             return FsspecStorage(str(directory), **options)
         directory = local
     return LocalStorage(directory)
+
+
+def refuse_url(who: str, directory: object) -> None:
+    """The framework adapters write through their framework's own file-system code: an
+    object-store URL is refused in one line (``file://`` too: give the path)."""
+    if is_url(str(directory)):
+        raise InputError(
+            f"{who} checkpoints to a local or shared file system, not {directory}: give a "
+            "directory, or use AdaptiveCheckpointer in a plain training loop for object storage"
+        )
 
 
 class FsspecStorage:
