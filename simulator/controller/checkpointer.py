@@ -70,7 +70,13 @@ from simulator.controller.integrity import (
 )
 from simulator.controller.loader import ResumableLoader, refuse_unwrapped_loader
 from simulator.controller.lock import READ_ONLY, DirectoryLock, open_directory
-from simulator.controller.objstore import NoLock, open_storage, open_store
+from simulator.controller.objstore import (
+    NoLock,
+    is_url,
+    local_path_of,
+    open_storage,
+    open_store,
+)
 from simulator.controller.precision import check_precision, expand_state, reduce_state
 from simulator.controller.runlog import RunLog
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
@@ -192,11 +198,11 @@ class AdaptiveCheckpointer:
     ):
         refuse_unwrapped_loader(dataloader)
         self.optimizer_precision = check_precision(optimizer_precision)
+        local = local_path_of(str(directory)) if is_url(str(directory)) else Path(directory)
+        self._remote = local is None  # an object store (objstore module)
+        self.root: Path | str = str(directory).rstrip("/") if local is None else local
         self.storage: CheckpointStorage = (
             storage if storage is not None else open_storage(directory)
-        )
-        self.root: Path | str = (
-            self.storage.root if self.storage.is_local else self.storage.describe()
         )
         self._objects = dict(
             model=model,
@@ -208,7 +214,7 @@ class AdaptiveCheckpointer:
         )
         self.config = normalise_config(config)
         self.backend: Backend = backend if backend is not None else LocalBackend()
-        if not self.storage.is_local and self.backend.writes_manifest():
+        if self._remote and self.backend.writes_manifest():
             raise InputError(
                 f"a torch.distributed backend writes to a shared file system path, not to "
                 f"{self.root}: give a directory (object storage is for one process)"
@@ -281,13 +287,13 @@ class AdaptiveCheckpointer:
         is_rank0 = self.backend.rank == 0
         self.allow_fresh_start = bool(allow_fresh_start)
         # Only rank 0 locks: every rank shares the directory, and only rank 0 deletes in it.
-        if self.storage.is_local:
+        if not self._remote:
             self._lock = DirectoryLock(self.root)
             opened = open_directory(self.root, self._lock) if is_rank0 else None
         else:
             # An object store has no lock that ends with its holder (objstore module): held
             # only on the user's word (exclusive=True), else the unlocked directory's rules.
-            self._lock = NoLock(held=self.storage.exclusive)
+            self._lock = NoLock(held=getattr(self.storage, "exclusive", False))
             opened = open_store(self.storage) if is_rank0 else None
         if self.backend.world_size > 1:
             # Every rank refuses together, and knows whether a save can be written at all.
@@ -299,7 +305,7 @@ class AdaptiveCheckpointer:
         self.runlog = RunLog(
             self.root,
             enabled=is_rank0 and not self.read_only,
-            store=None if self.storage.is_local else self.storage,
+            store=self.storage if self._remote else None,
         )
         if is_rank0:
             evidence = self.runlog.evidence()

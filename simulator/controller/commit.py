@@ -144,8 +144,8 @@ def write_and_commit(
     """Write ``state`` as ``step-N`` under ``root``; it exists complete or not at all."""
     name = checkpoint_name(step)
     rank0 = backend.rank == 0
-    if rank0 and storage.exists(name):
-        storage.rename(name, _OLD + name)
+    if rank0 and storage.exists(name) and not storage.unfinished(name):
+        storage.rename(name, _OLD + name)  # (an unfinished upload is replaced, not kept)
     try:
         if backend.writes_manifest():
             _write_through_temp(root, storage, backend, name, state, barriers=barriers)
