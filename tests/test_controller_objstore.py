@@ -8,6 +8,7 @@ never taken, and nothing planted in the bucket is unpickled or read from outside
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 import uuid
 import warnings
@@ -112,7 +113,11 @@ def test_a_run_killed_inside_uploads_to_s3_resumes_bit_exactly(tmp_path, s3_url,
         # Each object's upload waits 0.1 s first: the kill lands between two objects.
         hits += kill_inside_an_upload(s3_url, resumed, seen, "--put-delay-s", "0.1", *asynchronous)
     assert hits == 2, "a kill did not land inside an upload"
+    staging = set(Path(tempfile.gettempdir()).glob("ckptsim-upload-*"))
+    assert staging, "a process killed inside an upload leaves its local staging copy"
     run_to_end(s3_url, resumed, *asynchronous)
+    # The killed processes' local staging copies went with the next launch's first upload.
+    assert not staging & set(Path(tempfile.gettempdir()).glob("ckptsim-upload-*"))
     want = torch.load(reference, weights_only=True)
     got = torch.load(resumed, weights_only=True)
     for name in want:

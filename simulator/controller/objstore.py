@@ -243,9 +243,16 @@ class FsspecStorage:
         return gone
 
     def _staging(self, prefix: str) -> str:
+        """A new local directory ``<prefix><pid>-<random>`` in the staging directory; first,
+        those a dead process of this host left (a SIGKILL mid-upload) are removed."""
         if self.staging_dir is not None:
             self.staging_dir.mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix=prefix, dir=self.staging_dir)
+        where = Path(self.staging_dir or tempfile.gettempdir())
+        for old in where.glob(f"{prefix}*"):
+            pid = old.name[len(prefix) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)) and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+        return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where)
 
     def commit(self, name: str, write: Callable[[Path], None]) -> None:
         """Write checkpoint ``name``: ``write(path)`` makes a complete ckptio checkpoint at a
@@ -447,6 +454,16 @@ def open_store(storage: FsspecStorage) -> str | None:
         stacklevel=3,
     )
     return READ_ONLY
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours to signal
+    return True
 
 
 def _reason(exc: BaseException) -> str:
