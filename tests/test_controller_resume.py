@@ -72,7 +72,10 @@ def kill_somewhere(directory: Path, out: Path, rng: np.random.Generator, at_save
         proc.kill()  # SIGKILL: no cleanup, no atexit, no flush
         _, stderr = proc.communicate()
     assert started is not None, f"the script died before it started training: {stderr[-2000:]}"
-    # A write cut short leaves its hidden temp directory behind (cleaned at the next restore).
+    # A write cut short leaves its hidden temp directory behind (cleaned at the next restore);
+    # an object store's caller (a URL for ``directory``) looks for its unfinished upload.
+    if not isinstance(directory, Path):
+        return False
     return directory.exists() and any(ckptio.is_temp_dir(p) for p in directory.iterdir())
 
 

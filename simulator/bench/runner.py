@@ -12,6 +12,7 @@ included.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -41,8 +42,9 @@ _DISK_MARGIN_BYTES = 512 << 20
 class BenchConfig:
     """What to measure and where."""
 
-    directory: Path
-    """Directory to write checkpoints in (on the disk being measured)."""
+    directory: Path | str
+    """Directory to write checkpoints in (on the disk being measured), or an object-store URL
+    (``s3://bucket/prefix``: :mod:`simulator.bench.remote`)."""
     sizes: tuple[str, ...] = ("25M", "200M")
     """Model sizes, e.g. 25M, 200M, 1B (parameters)."""
     formats: tuple[str, ...] = FORMATS
@@ -132,14 +134,16 @@ def estimated_bytes(size: str, dtype: str) -> int:
     return int(parse_size(size) * BYTES_PER_PARAM[dtype] * 1.05)
 
 
-def check_resources(cfg: BenchConfig) -> None:
-    """Refuse up front what cannot fit: one checkpoint on disk, one state in memory."""
+def check_resources(cfg: BenchConfig, *, disk: Path | None = None) -> None:
+    """Refuse up front what cannot fit: one checkpoint on disk (``disk``: where it is written,
+    ``cfg.directory`` by default), one state in memory."""
     largest = max(estimated_bytes(s, d) for s in cfg.sizes for d in cfg.dtypes)
-    free = shutil.disk_usage(cfg.directory).free
+    disk = Path(cfg.directory) if disk is None else disk
+    free = shutil.disk_usage(disk).free
     need = int(largest * 1.1) + _DISK_MARGIN_BYTES
     if free < need:
         raise InputError(
-            f"too little free disk in {cfg.directory}: the largest checkpoint needs "
+            f"too little free disk in {disk}: the largest checkpoint needs "
             f"~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
         )
     mem = mem_available_bytes()
@@ -182,8 +186,19 @@ def _mount_of(directory: Path) -> dict[str, str]:
 
 
 def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
-    """Measure every (size, dtype, format) ``cfg.repeats`` times; see the module docstring."""
+    """Measure every (size, dtype, format) ``cfg.repeats`` times; see the module docstring.
+    An object-store URL as ``cfg.directory`` is measured by :mod:`simulator.bench.remote`."""
     from tqdm import tqdm
+
+    from simulator.controller.objstore import is_url, local_path_of
+
+    if is_url(str(cfg.directory)):
+        local = local_path_of(str(cfg.directory))
+        if local is None:
+            from simulator.bench.remote import run_remote_benchmark
+
+            return run_remote_benchmark(cfg, progress=progress)
+        cfg = dataclasses.replace(cfg, directory=local)
 
     directory = Path(cfg.directory)
     check_directory(directory)

@@ -52,6 +52,7 @@ from simulator.ckptio.read import (
     file_crc32,
     is_complete,
     read_checkpoint,
+    read_manifest,
     remove_stale_temps,
     verify_checkpoint,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "is_temp_dir",
     "may_be_unlisted",
     "read_checkpoint",
+    "read_manifest",
     "remove_stale_temps",
     "stage",
     "verify_checkpoint",

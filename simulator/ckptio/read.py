@@ -374,6 +374,15 @@ def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of checkpoint directory ``path``, refused (:class:`CorruptCheckpoint`)
+    unless it is a bounded regular file whose every key the readers use has the expected type
+    and whose names are relative paths inside the checkpoint. Nothing else is checked: the
+    files themselves are :func:`verify_checkpoint`'s. (An object store's restore checks a
+    downloaded manifest with it before fetching anything it names.)"""
+    return _read_manifest(Path(path))
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
     """The manifest, refused unless every key the readers use has the expected type."""
     file = path / MANIFEST

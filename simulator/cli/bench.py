@@ -13,6 +13,7 @@ examples:
   ckptsim bench --sizes 25M,200M --dir /scratch --repeats 3 --out profile.json
   ckptsim bench --sizes 1M,10M --formats torch,ckptsim --json
   ckptsim bench --sizes 5M,20M --formats ckptsim --writers 1,2,4,8 --out profile.json
+  ckptsim bench --sizes 25M --dir s3://my-bucket/bench --formats ckptsim,safetensors,torch
   ckptsim optimize --profile profile.json --params 70e9 --gpus 16384
 """
 
@@ -71,10 +72,14 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--dir",
-        type=Path,
-        default=Path("."),
-        metavar="PATH",
-        help="directory on the disk to measure (default: current directory)",
+        default=".",
+        metavar="PATH|URL",
+        help="directory on the disk to measure (default: current directory), or an object "
+        "store URL (s3://bucket/prefix; needs ckptsim[s3]; credentials and endpoint from the "
+        "usual botocore environment, e.g. AWS_PROFILE, AWS_ENDPOINT_URL): there raw is one "
+        "object put and read back, and torch, safetensors and ckptsim are written in a local "
+        "temp directory and uploaded (restores download first); dcp and --writers are not "
+        "measured there",
     )
     p.add_argument(
         "--repeats",
@@ -98,12 +103,15 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from simulator.bench import FORMATS, BenchConfig, run_benchmark
+    from simulator.bench.remote import REMOTE_FORMATS
+    from simulator.controller.objstore import is_url, local_path_of
     from simulator.errors import InputError
 
+    remote = is_url(args.dir) and local_path_of(args.dir) is None
     cfg = BenchConfig(
-        directory=args.dir,
+        directory=args.dir if is_url(args.dir) else Path(args.dir),
         sizes=args.sizes,
-        formats=args.formats or FORMATS,
+        formats=args.formats or (REMOTE_FORMATS if remote else FORMATS),
         dtypes=args.dtypes,
         repeats=args.repeats,
         writers=_counts(args.writers),
@@ -135,9 +143,15 @@ def format_table(result) -> str:
         f"{'size':>6} {'dtype':>5} {'format':<14} {'GB':>7} {'save s':>8} {'GB/s':>6} "
         f"{'vs raw':>6} {'load s':>7} {'vs raw':>6} {'stall s':>8}"
     )
+    remote = "staging_dir" in result.machine  # an object store (simulator.bench.remote)
+    raw = (
+        "raw object store: put {:.3f} GB/s, get {:.3f} GB/s"
+        if remote
+        else ("raw disk: write {:.3f} GB/s, read {:.3f} GB/s")
+    )
     lines = [
-        f"raw disk: write {result.raw_bytes_per_s / 1e9:.3f} GB/s, "
-        f"read {result.raw_read_bytes_per_s / 1e9:.3f} GB/s (the raw row at the largest size)",
+        raw.format(result.raw_bytes_per_s / 1e9, result.raw_read_bytes_per_s / 1e9)
+        + " (the raw row at the largest size)",
         head,
         "-" * len(head),
     ]
@@ -161,11 +175,12 @@ def format_table(result) -> str:
                 for p in restore["per_size"]
             )
         )
-    lines.append(
-        "cold reads: each file is fsync'ed, then its pages dropped with "
-        "posix_fadvise(POSIX_FADV_DONTNEED) (no root needed; drop_caches is not used, so a "
-        "hypervisor's cache below this VM may still serve some reads)"
-    )
+    if not remote:
+        lines.append(
+            "cold reads: each file is fsync'ed, then its pages dropped with "
+            "posix_fadvise(POSIX_FADV_DONTNEED) (no root needed; drop_caches is not used, so a "
+            "hypervisor's cache below this VM may still serve some reads)"
+        )
     lines.extend(format_writers(result))
     lines.extend(f"note: {n}" for n in result.notes)
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 ``AdaptiveCheckpointer`` is the entry point; the modules below it are the pieces it composes:
 ``state`` (what a complete state is), ``schedule`` (when the next save is due), ``storage``
 (where checkpoints live, retention), ``integrity`` (when a checkpoint counts, no pickles),
+``objstore`` (the same on an fsspec URL: ``s3://``, ``memory://``),
 ``runlog`` (the run's record of its own restarts), ``lock`` (one writer per directory),
 ``backend`` (single process or torch.distributed), ``safe_metadata`` (DCP's metadata pickle,
 read as data, never run) and ``loader`` (a data loader that resumes exactly:
@@ -27,6 +28,7 @@ _EXPORTS = {
     "NoIntactCheckpoint": "integrity",
     "UnsafeCheckpoint": "integrity",
     "ResumableLoader": "loader",
+    "FsspecStorage": "objstore",
     "LocalStorage": "storage",
     "MemoryStorage": "storage",
     "Storage": "storage",

@@ -7,7 +7,8 @@ moment and started again with the same arguments, it resumes from its newest com
 checkpoint; when it finishes it dumps its final state with ``torch.save`` (read back by the
 test with ``torch.load(weights_only=True)``, independently of the checkpoint format).
 
-``python -m simulator.controller._demo_train DIR --steps 120 --out final.pt``
+``python -m simulator.controller._demo_train DIR --steps 120 --out final.pt`` (``DIR`` may be
+an object-store URL, ``s3://bucket/run``).
 Prints ``START <step>`` after restoring, ``SAVE <step>`` just before each save, ``DONE`` last.
 """
 
@@ -104,7 +105,24 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="stretch every fsync by this long, so a test's kill can land inside a write",
     )
+    p.add_argument(
+        "--put-delay-s",
+        type=float,
+        default=0.0,
+        help="on object storage, wait this long before each object's upload, so a test's "
+        "kill can land inside an upload",
+    )
     args = p.parse_args(argv)
+    if args.put_delay_s > 0:
+        from simulator.controller.objstore import FsspecStorage
+
+        real_put = FsspecStorage._put
+
+        def slow_put(self, *a, _delay=args.put_delay_s, **kw):
+            time.sleep(_delay)
+            real_put(self, *a, **kw)
+
+        FsspecStorage._put = slow_put
     if args.fsync_delay_s > 0:
         # A fast disk finishes a tiny save before a kill sent "just after SAVE" arrives; a
         # slower fsync keeps the write's temp directory open long enough to be hit.

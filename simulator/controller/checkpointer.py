@@ -25,7 +25,9 @@ with a different configuration (naming every differing key; ``ignore_config_keys
 that may differ). It never starts afresh silently: when the directory holds checkpoints but
 none is intact it raises :class:`NoIntactCheckpoint` unless the user allowed it. One
 checkpointer at a time writes a directory (:mod:`simulator.controller.lock`); a read-only
-directory can still be restored from.
+directory can still be restored from. The root may also be an object-store URL
+(``s3://bucket/run``, ``memory://run``; :mod:`simulator.controller.objstore`): the same
+commit, retention and restore run through its storage, with no lock there.
 """
 
 from __future__ import annotations
@@ -68,13 +70,19 @@ from simulator.controller.integrity import (
 )
 from simulator.controller.loader import ResumableLoader, refuse_unwrapped_loader
 from simulator.controller.lock import READ_ONLY, DirectoryLock, open_directory
+from simulator.controller.objstore import (
+    NoLock,
+    is_url,
+    local_path_of,
+    open_storage,
+    open_store,
+)
 from simulator.controller.precision import check_precision, expand_state, reduce_state
 from simulator.controller.runlog import RunLog
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
 from simulator.controller.storage import (
-    LocalStorage,
-    Storage,
+    CheckpointStorage,
     apply_retention,
     checkpoint_name,
     complete_steps,
@@ -115,8 +123,13 @@ class AdaptiveCheckpointer:
     ``scenario`` (which also gives ``restart_s`` and the first guess of the save cost), else a
     weak 24 h default. ``keep_last`` checkpoints are kept (at least 2 with ``async_save``)
     plus the ``milestones`` (fractions of ``total_steps``, saved exactly at those steps).
-    ``config`` is a JSON-able snapshot that a resume must match. ``storage`` must address
-    ``directory`` (a :class:`LocalStorage` or a subclass); ``clock`` is injectable for tests;
+    ``config`` is a JSON-able snapshot that a resume must match. ``directory`` may be an
+    fsspec URL (``s3://bucket/run``, ``memory://run``; ``file://`` is a local path): checkpoints
+    are then uploaded (manifest last) and downloaded to restore, with one process only and no
+    lock (:mod:`simulator.controller.objstore` says what counts and what retention may touch
+    there). ``storage`` must address ``directory`` (a :class:`LocalStorage`, or for a URL a
+    :class:`~simulator.controller.objstore.FsspecStorage`, to pass its options:
+    ``exclusive=True``, ``staging_dir``, s3fs's); ``clock`` is injectable for tests;
     ``probe_steps`` steps measure the iteration time before the first interval is chosen.
 
     Life cycle. ``close()`` (or leaving a ``with`` block normally) saves the last step passed
@@ -148,9 +161,10 @@ class AdaptiveCheckpointer:
     backend only). The checkpoint records it; restoring one warns that it is not bit-exact.
 
     Rank 0 holds an exclusive lock on ``directory`` until :meth:`close` (or its death); a
-    second process raises :class:`CheckpointLocked` naming the holder. A read-only
-    ``directory`` is opened for restoring only: nothing is written there, and a save raises
-    :class:`CheckpointWriteError`.
+    second process raises :class:`CheckpointLocked` naming the holder. (An object store has no
+    lock: there retention deletes only what this process wrote unless ``exclusive=True``.)
+    A read-only ``directory`` is opened for restoring only: nothing is written there, and a
+    save raises :class:`CheckpointWriteError`.
     """
 
     def __init__(
@@ -172,7 +186,7 @@ class AdaptiveCheckpointer:
         total_steps: int | None = None,
         config: Mapping[str, Any] | None = None,
         async_save: bool = False,
-        storage: Storage | None = None,
+        storage: CheckpointStorage | None = None,
         backend: Backend | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe_steps: int = 20,
@@ -184,7 +198,12 @@ class AdaptiveCheckpointer:
     ):
         refuse_unwrapped_loader(dataloader)
         self.optimizer_precision = check_precision(optimizer_precision)
-        self.root = Path(directory)
+        local = local_path_of(str(directory)) if is_url(str(directory)) else Path(directory)
+        self._remote = local is None  # an object store (objstore module)
+        self.root: Path | str = str(directory).rstrip("/") if local is None else local
+        self.storage: CheckpointStorage = (
+            storage if storage is not None else open_storage(directory)
+        )
         self._objects = dict(
             model=model,
             optimizer=optimizer,
@@ -195,12 +214,16 @@ class AdaptiveCheckpointer:
         )
         self.config = normalise_config(config)
         self.backend: Backend = backend if backend is not None else LocalBackend()
+        if self._remote and self.backend.writes_manifest():
+            raise InputError(
+                f"a torch.distributed backend writes to a shared file system path, not to "
+                f"{self.root}: give a directory (object storage is for one process)"
+            )
         if self.optimizer_precision != "fp32" and self.backend.writes_manifest():
             raise InputError(
                 f"optimizer_precision={self.optimizer_precision!r} is for the local backend; "
                 "a distributed backend saves its optimizer shards in fp32"
             )
-        self.storage: Storage = storage if storage is not None else LocalStorage(self.root)
         self.clock = clock
         self.async_save = bool(async_save)
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
@@ -264,8 +287,14 @@ class AdaptiveCheckpointer:
         is_rank0 = self.backend.rank == 0
         self.allow_fresh_start = bool(allow_fresh_start)
         # Only rank 0 locks: every rank shares the directory, and only rank 0 deletes in it.
-        self._lock = DirectoryLock(self.root)
-        opened = open_directory(self.root, self._lock) if is_rank0 else None
+        if not self._remote:
+            self._lock = DirectoryLock(self.root)
+            opened = open_directory(self.root, self._lock) if is_rank0 else None
+        else:
+            # An object store has no lock that ends with its holder (objstore module): held
+            # only on the user's word (exclusive=True), else the unlocked directory's rules.
+            self._lock = NoLock(held=getattr(self.storage, "exclusive", False))
+            opened = open_store(self.storage) if is_rank0 else None
         if self.backend.world_size > 1:
             # Every rank refuses together, and knows whether a save can be written at all.
             opened = self.backend.broadcast(opened)
@@ -273,7 +302,11 @@ class AdaptiveCheckpointer:
         """The directory cannot be written: restore works, a save raises."""
         if opened is not None and not self.read_only:
             raise CheckpointLocked(opened)
-        self.runlog = RunLog(self.root, enabled=is_rank0 and not self.read_only)
+        self.runlog = RunLog(
+            self.root,
+            enabled=is_rank0 and not self.read_only,
+            store=self.storage if self._remote else None,
+        )
         if is_rank0:
             evidence = self.runlog.evidence()
             self.schedule.set_history(evidence.failures, evidence.exposure_s)
@@ -560,6 +593,8 @@ class AdaptiveCheckpointer:
         except (IncompatibleCheckpoint, NoIntactCheckpoint, UnsafeCheckpoint) as exc:
             self._refuse(str(exc))
             raise
+        finally:
+            self.storage.drop_local_copies()  # an object store's downloads
         now = self.clock()
         self._mark_step, self._mark_t = step, now
         self.runlog.append("restore", session_s=now - self._session_start, step=step)
@@ -576,7 +611,8 @@ class AdaptiveCheckpointer:
                 step=0, config=self.config, backend=self.backend, **self._objects
             )
             try:
-                state = check_state(self.backend.read(self.root / name, template), where=name)
+                local = self.storage.local_copy(name)
+                state = check_state(self.backend.read(local, template), where=name)
                 state, lost = expand_state(state, where=name)
             except CorruptCheckpoint as exc:
                 if self.backend.world_size > 1:
@@ -589,14 +625,17 @@ class AdaptiveCheckpointer:
                 self._reject(name, "misnamed", mismatch)
                 continue
             check_config(
-                self.root / name, state.get("config"), self.config, ignore=self.ignore_config_keys
+                self.storage.describe(name),
+                state.get("config"),
+                self.config,
+                ignore=self.ignore_config_keys,
             )
             try:
                 step = restore_state(state, backend=self.backend, **self._objects)
             except (KeyError, RuntimeError, ValueError) as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 raise IncompatibleCheckpoint(
-                    f"checkpoint {self.root / name} does not fit this run: {first}"
+                    f"checkpoint {self.storage.describe(name)} does not fit this run: {first}"
                 ) from None
             if lost is not None:
                 warnings.warn(f"{lost} ({name})", stacklevel=3)
@@ -928,7 +967,9 @@ class AdaptiveCheckpointer:
         """The size of the committed checkpoint (its manifest's sum), or None if unreadable."""
         try:
             manifest = json.loads(
-                (self.root / checkpoint_name(step) / ckptio.MANIFEST).read_bytes()
+                self.storage.read_bytes(
+                    f"{checkpoint_name(step)}/{ckptio.MANIFEST}", ckptio.MAX_MANIFEST_BYTES
+                )
             )
             return int(sum(entry["bytes"] for entry in manifest["files"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

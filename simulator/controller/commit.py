@@ -2,7 +2,9 @@
 
 A save commits only complete checkpoints. Through a backend that writes atomically itself
 (:class:`~simulator.controller.backend.LocalBackend`, a :mod:`simulator.ckptio` directory)
-the step directory appears whole or not at all. Through one that does not (torch.distributed),
+the step directory appears whole or not at all: the storage's ``commit`` hands it the final
+path on a disk, or a local staging path whose files an object store then uploads, manifest
+last (:mod:`simulator.controller.objstore`). Through one that does not (torch.distributed),
 every rank writes into one hidden temp directory on shared storage (never through a symlink
 planted at its name) and leaves a marker saying how it went; rank 0 commits — ckptio manifest
 last, rename, fsync — only when every rank succeeded. The markers, not a collective, carry the
@@ -12,8 +14,11 @@ existing step moves the old one aside first and drops it only once the new one i
 At restore, rank 0 — holding the directory's lock, so no other writer's files are in flight —
 first tidies what crashed processes left (temp directories of unfinished writes, deletions
 that retention began: :func:`simulator.controller.storage.finish_deletions`, a re-save cut
-short), then walks the checkpoints newest first. A checkpoint is never deleted here: one that
-is a symbolic link is ignored; one without a manifest, one that fails its checksums and one
+short), then walks the checkpoints newest first, verifying each through the storage's
+``local_copy`` (the directory itself, or an object store's download checked against its
+manifest). A checkpoint is never deleted here: one that is a symbolic link is ignored, and on
+an object store a name without a manifest (an upload cut short) is no checkpoint at all; one
+without a manifest on a disk, one that fails its checksums and one
 whose state holds another step than its name says are each rejected and moved aside as
 ``step-N.rejected-<why>`` (:func:`reject`), kept for a person to inspect or rescue and never
 counted or reused. The first that verifies is the choice — unless it was written under a
@@ -41,6 +46,7 @@ from simulator.controller.integrity import (
     write_manifest,
 )
 from simulator.controller.storage import (
+    CheckpointStorage,
     Storage,
     checkpoint_name,
     checkpoint_step,
@@ -75,7 +81,7 @@ def normalise_config(config: Mapping[str, Any] | None) -> dict | None:
 
 
 def check_config(
-    where: Path, saved: Any, current: dict | None, *, ignore: tuple[str, ...] = ()
+    where: Path | str, saved: Any, current: dict | None, *, ignore: tuple[str, ...] = ()
 ) -> None:
     """Refuse, in one line naming every differing key, a checkpoint of another configuration.
 
@@ -127,22 +133,28 @@ def _leaves(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def write_and_commit(
-    root: Path, storage: Storage, backend: Backend, step: int, state: dict, *, barriers: bool
+    root: Path,
+    storage: CheckpointStorage,
+    backend: Backend,
+    step: int,
+    state: dict,
+    *,
+    barriers: bool,
 ) -> None:
     """Write ``state`` as ``step-N`` under ``root``; it exists complete or not at all."""
     name = checkpoint_name(step)
     rank0 = backend.rank == 0
-    if rank0 and storage.exists(name):
-        storage.rename(name, _OLD + name)
+    if rank0 and storage.exists(name) and not storage.unfinished(name):
+        storage.rename(name, _OLD + name)  # (an unfinished upload is replaced, not kept)
     try:
         if backend.writes_manifest():
             _write_through_temp(root, storage, backend, name, state, barriers=barriers)
         else:
-            backend.write(root / name, state)
+            storage.commit(name, lambda path: backend.write(path, state))
     except BaseException:
         if rank0:
             # A backend that failed half-way at the final path leaves no half checkpoint.
-            if storage.exists(name) and not ckptio.is_complete(root / name):
+            if storage.exists(name) and not storage.is_complete(name):
                 storage.remove(name)
             if storage.exists(_OLD + name):
                 storage.rename(_OLD + name, name)
@@ -238,8 +250,8 @@ def _recover_resaves(storage: Storage) -> None:
 
 
 def choose_checkpoint(
-    root: Path,
-    storage: Storage,
+    root: Path | str,
+    storage: CheckpointStorage,
     config: dict | None,
     *,
     tidy: bool = True,
@@ -255,7 +267,7 @@ def choose_checkpoint(
     may differ.
     """
     if tidy:
-        ckptio.remove_stale_temps(root)
+        storage.remove_unfinished()
         finish_deletions(storage)
         _recover_resaves(storage)
     names = sorted(
@@ -268,9 +280,11 @@ def choose_checkpoint(
         if storage.is_symlink(name):
             rejected[name] = (
                 f"{name} is a symlink (a symbolic link), ignored: a checkpoint must be a directory "
-                f"in {root}"
+                f"in {storage.describe()}"
             )
             continue
+        if storage.unfinished(name):
+            continue  # an object store's upload (or deletion) cut short: never a checkpoint
         if not storage.exists(f"{name}/{ckptio.MANIFEST}"):
             # A backend that writes in place was killed mid-write (retention's deletions no
             # longer leave such directories): kept, since what is in it is the user's.
@@ -279,12 +293,13 @@ def choose_checkpoint(
             )
             continue
         try:
-            verify_once(root / name)
+            local = storage.local_copy(name)
+            verify_once(local)
         except CorruptCheckpoint as exc:
             rejected[name] = reject(storage, name, "corrupt", str(exc), move=tidy)
             continue
         try:
-            meta = json.loads((root / name / ckptio.META_FILE).read_text(encoding="utf-8"))
+            meta = json.loads((local / ckptio.META_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             meta = None  # a distributed checkpoint: its step and config are checked once read
         if isinstance(meta, dict):
@@ -293,7 +308,7 @@ def choose_checkpoint(
                 rejected[name] = reject(storage, name, "misnamed", mismatch, move=tidy)
                 continue
         saved = meta.get("config") if isinstance(meta, dict) else None
-        check_config(root / name, saved, config, ignore=ignore)
+        check_config(storage.describe(name), saved, config, ignore=ignore)
         return name, rejected
     return None, rejected
 

@@ -69,6 +69,7 @@ from pathlib import Path
 from simulator import ckptio
 from simulator.controller.commit import reject, rejected_aside
 from simulator.controller.integrity import NoIntactCheckpoint, verify_once
+from simulator.controller.objstore import refuse_url
 from simulator.controller.storage import LocalStorage, delete_checkpoint, finish_deletions
 from simulator.errors import InputError
 
@@ -303,6 +304,7 @@ class AdaptiveSaveCallback(_TrainerCallback):
         from simulator.controller.external import ExternalSaveSchedule
 
         _refuse_steps(args)  # the arguments may have been changed after Trainer was built
+        refuse_url("the Hugging Face adapter", args.output_dir)
         if state.global_step > 0 and state.global_step >= state.max_steps:
             raise RunFinished(
                 f"the run in {args.output_dir} already finished at step {state.global_step} "

@@ -59,6 +59,7 @@ from typing import Any
 
 from simulator.controller.commit import choose_checkpoint, misnamed, reject, rejected_aside
 from simulator.controller.integrity import NoIntactCheckpoint
+from simulator.controller.objstore import refuse_url
 from simulator.controller.storage import (
     LocalStorage,
     apply_retention,
@@ -184,6 +185,7 @@ class AdaptiveCheckpoint(_Callback):
             raise ImportError(
                 "AdaptiveCheckpoint needs lightning (pip install 'ckptsim[lightning]')"
             )
+        refuse_url("the Lightning adapter", directory)
         self.directory = Path(directory)
         self.clock = clock
         self._options = dict(

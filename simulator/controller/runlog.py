@@ -24,6 +24,11 @@ or a ``crashed`` as training, as they did.)
 updates :class:`simulator.controller.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
 crash in mid-append are skipped. The log is never written through a symlink or into a file
 with other hard links (:func:`open_regular`): either would write into another directory.
+
+On an object store (:mod:`simulator.controller.objstore`), which cannot append, each session
+writes its own object ``runlog/<UTC start>-<session>.jsonl``, put whole at every event (one
+request: all of it or nothing, so no line is ever torn), and the log is those objects read in
+name order: the same events, the same evidence.
 """
 
 from __future__ import annotations
@@ -32,14 +37,25 @@ import errno
 import json
 import os
 import stat
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RUNLOG", "Evidence", "RunLog", "failure_evidence", "open_regular", "read_events"]
+__all__ = [
+    "RUNLOG",
+    "RUNLOG_OBJECTS",
+    "Evidence",
+    "RunLog",
+    "failure_evidence",
+    "open_regular",
+    "read_events",
+]
 
 RUNLOG = "runlog.jsonl"
+RUNLOG_OBJECTS = "runlog"
+"""On an object store: the prefix of the sessions' run-log objects."""
 _TRAINING = frozenset({"train", "save"})
 """Events that show a session began training (a script that never calls restore() saves)."""
 _TRAINING_BEFORE_TRAIN_RECORDS = frozenset({"restore", "save", "crashed"})
@@ -130,6 +146,10 @@ def read_events(path: str | os.PathLike, *, follow: bool = False) -> list[dict]:
         if size > _MAX_BYTES:
             raise OSError(errno.EFBIG, f"{path} is {size} bytes, more than a run log holds")
         text = f.read(_MAX_BYTES + 1).decode("utf-8", errors="replace")
+    return _parse(text)
+
+
+def _parse(text: str) -> list[dict]:
     events = []
     for line in text.splitlines():
         try:
@@ -179,11 +199,25 @@ class RunLog:
     """Appends this session's events to the run log (rank 0 only writes)."""
 
     def __init__(
-        self, root: str | os.PathLike, *, enabled: bool = True, session: str | None = None
+        self,
+        root: str | os.PathLike,
+        *,
+        enabled: bool = True,
+        session: str | None = None,
+        store=None,
     ):
-        self.path = Path(root) / RUNLOG
-        self.enabled = enabled
+        """``store``: an object store (:class:`~simulator.controller.objstore.FsspecStorage`)
+        holding the log as one object per session, instead of ``root``'s file."""
+        self.store = store
         self.session = session or uuid.uuid4().hex[:12]
+        if store is None:
+            self.path = Path(root) / RUNLOG
+        else:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            self._object = f"{RUNLOG_OBJECTS}/{stamp}-{self.session}.jsonl"
+            self.path = store.describe(self._object)
+            self._lines: list[bytes] = []
+        self.enabled = enabled
         self._tail_checked = False
         self._warned = False
 
@@ -191,10 +225,19 @@ class RunLog:
         """The log's events; one that cannot be read safely (a symbolic link, not a regular
         file) is warned about once and holds none."""
         try:
+            if self.store is not None:
+                return self._object_events()
             return read_events(self.path)
         except OSError as exc:
             self._warn(exc, "read")
             return []
+
+    def _object_events(self) -> list[dict]:
+        events = []
+        for name in self.store.names_under(RUNLOG_OBJECTS):
+            data = self.store.read_bytes(name, _MAX_BYTES)
+            events.extend(_parse(data.decode("utf-8", errors="replace")))
+        return events
 
     def evidence(self) -> Evidence:
         """What the log says of past sessions."""
@@ -220,6 +263,10 @@ class RunLog:
         record = {"event": event, "session": self.session, "session_s": round(session_s, 3)}
         record.update(fields)
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        if self.store is not None:
+            self._lines.append(line)
+            self.store.write_bytes(self._object, b"".join(self._lines))
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # One write per line on an O_APPEND descriptor, then fsync: a crash leaves at most one
         # torn final line, which read_events skips. Never through a symlink or a hard link: the

@@ -25,6 +25,14 @@ The root is the user's data, so what retention may touch is narrow:
   and deletes only the checkpoints this process wrote, and tidies nothing else.
 - Checkpoints that a restore rejected are moved aside as ``step-N.rejected-<why>``
   (:mod:`simulator.controller.commit`); no name but ``step-N`` is ever counted or deleted.
+
+The checkpointer needs a little more than retention does: a :class:`CheckpointStorage` also
+commits a checkpoint (``commit``), hands out a local directory to verify and read one
+(``local_copy``) and tidies unfinished writes. :class:`LocalStorage` does all of it in place;
+:class:`simulator.controller.objstore.FsspecStorage` does it on an object store
+(``s3://...``, ``memory://...``), which has no rename: there ``atomic_rename`` is False, a
+checkpoint is uploaded in place with its manifest last, and a deletion removes the manifest
+first (see that module for what "rename" and "one writer" mean there).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -41,6 +49,7 @@ from simulator import ckptio
 
 __all__ = [
     "MANIFEST",
+    "CheckpointStorage",
     "LocalStorage",
     "MemoryStorage",
     "SimulatedCrash",
@@ -102,11 +111,87 @@ class Storage(Protocol):
         ...
 
 
+@runtime_checkable
+class CheckpointStorage(Storage, Protocol):
+    """A :class:`Storage` the checkpointer can write checkpoints to and read them from.
+
+    ``atomic_rename``: ``rename`` is one atomic step (a file system). Where it is not (an
+    object store), a deletion is :meth:`Storage.remove`, which must drop the manifest first,
+    and a name without a manifest is an unfinished write, never a damaged checkpoint.
+    """
+
+    atomic_rename: bool
+    is_local: bool
+
+    def describe(self, name: str = "") -> str:
+        """``name`` (the root by default) as the user would write it, for messages."""
+        ...
+
+    def commit(self, name: str, write: Callable[[Path], None]) -> None:
+        """Make checkpoint ``name`` from ``write(path)``, which creates a complete
+        :mod:`simulator.ckptio` checkpoint directory at a new local ``path``; it appears
+        complete (manifest last) or not at all."""
+        ...
+
+    def is_complete(self, name: str) -> bool:
+        """Whether ``name`` passes the cheap structural checks (no checksums read)."""
+        ...
+
+    def unfinished(self, name: str) -> bool:
+        """Whether ``name`` is a write cut short (never counted, never reported as damage)."""
+        ...
+
+    def remove_unfinished(self) -> list:
+        """Remove what crashed writes left; only while no other writer can be at work."""
+        ...
+
+    def local_copy(self, name: str) -> Path:
+        """A local directory holding checkpoint ``name``, to verify and read."""
+        ...
+
+    def drop_local_copies(self) -> None: ...
+
+    def read_bytes(self, name: str, limit: int) -> bytes:
+        """A small file's bytes (at most ``limit``; ``OSError`` when larger or unreadable)."""
+        ...
+
+
 class LocalStorage:
     """A checkpoint root on a local or shared POSIX file system."""
 
+    atomic_rename = True
+    is_local = True
+
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+
+    def describe(self, name: str = "") -> str:
+        return str(self.path(name))
+
+    def commit(self, name: str, write: Callable[[Path], None]) -> None:
+        write(self.path(name))  # ckptio writes a temp sibling and renames it: atomic here
+
+    def is_complete(self, name: str) -> bool:
+        return ckptio.is_complete(self.path(name))
+
+    def unfinished(self, name: str) -> bool:
+        return False  # unfinished writes are hidden temp directories, never named step-N
+
+    def remove_unfinished(self) -> list:
+        return ckptio.remove_stale_temps(self.root)
+
+    def local_copy(self, name: str) -> Path:
+        return self.path(name)
+
+    def drop_local_copies(self) -> None:
+        pass
+
+    def read_bytes(self, name: str, limit: int) -> bytes:
+        with open(self.path(name), "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(f"{self.path(name)} is larger than {limit} bytes")
+        return data
 
     def path(self, name: str = "") -> Path:
         return self.root / name if name else self.root
@@ -157,6 +242,8 @@ class MemoryStorage:
     ``rename``, ``sync``) to an exception to raise once. ``crash_after``: how many of those
     operations succeed before :class:`SimulatedCrash` stops the caller, as a kill would.
     """
+
+    atomic_rename = True
 
     files: set[str] = field(default_factory=set)
     links: set[str] = field(default_factory=set)
@@ -292,8 +379,13 @@ def delete_checkpoint(storage: Storage, name: str) -> None:
 
     The rename is atomic and made durable before anything inside is removed: after a crash
     (or a power cut) the root holds either the intact checkpoint or ``.deleting-<name>``,
-    which nothing counts and :func:`finish_deletions` removes.
+    which nothing counts and :func:`finish_deletions` removes. A store without an atomic
+    rename (an object store) removes the manifest first instead: from that one request on the
+    checkpoint no longer counts, and what a crash leaves is an unfinished write.
     """
+    if not getattr(storage, "atomic_rename", True):
+        storage.remove(name)
+        return
     aside = DELETING + name
     if storage.exists(aside) or storage.is_symlink(aside):
         storage.remove(aside)  # an earlier deletion of a checkpoint of the same name
