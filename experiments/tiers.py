@@ -19,7 +19,8 @@ from experiments._report import Report, figure, table
 from simulator.display import format_duration, format_usd
 from simulator.engines.streams import search_and_check
 from simulator.model.scenario import Scenario, load_scenario
-from simulator.model.tiers import TierSchedule, first_order_plan, scheduled
+from simulator.model.tier_plan import first_order_plan
+from simulator.model.tiers import TierSchedule, scheduled
 from simulator.tier_search import evaluate_schedules, simulate_tier_plan
 
 REPLICAS = 16

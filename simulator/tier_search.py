@@ -34,7 +34,8 @@ import numpy as np
 from simulator.engines.results import mean_ci
 from simulator.engines.streams import search_and_check
 from simulator.errors import InputError
-from simulator.model.tiers import TierSchedule, first_order_plan, scheduled, single_tier_plan
+from simulator.model.tier_plan import first_order_plan, single_tier_plan
+from simulator.model.tiers import TierSchedule, scheduled
 
 __all__ = ["TierOptimum", "evaluate_schedules", "search_tiers", "waste_summary"]
 

@@ -15,7 +15,8 @@ from simulator.engines.streams import replica_seed, replica_streams
 from simulator.errors import InputError
 from simulator.model.failure_source import BurstFailures
 from simulator.model.scenario import Scenario
-from simulator.model.tiers import FailureClass, TierSchedule, first_order_plan
+from simulator.model.tier_plan import first_order_plan
+from simulator.model.tiers import FailureClass, TierSchedule
 from simulator.model.trace import TraceFailures
 
 TIERS = [

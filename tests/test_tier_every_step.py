@@ -15,7 +15,8 @@ from simulator.engines.budget import tier_estimate
 from simulator.engines.des_replicas import simulate
 from simulator.errors import InputError
 from simulator.model.scenario import Scenario
-from simulator.model.tiers import TierSchedule, first_order_plan, recommend_tiers, waste_at
+from simulator.model.tier_plan import first_order_plan, recommend_tiers, waste_at
+from simulator.model.tiers import TierSchedule
 
 STEP = {"name": "memory", "every_step": True, "step_s": 5.0, "step_stall_s": 0.05,
         "restore_s": 10.0, "survives": ["process"]}  # fmt: skip

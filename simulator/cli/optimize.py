@@ -273,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_tiers(args: argparse.Namespace, scenario) -> int:
     """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside."""
     from simulator.cli.common import print_json
-    from simulator.model.tiers import final_tiers, recommend_tiers
+    from simulator.model.tier_plan import recommend_tiers
+    from simulator.model.tiers import final_tiers
 
     if getattr(args, "profile", None):
         raise InputError(

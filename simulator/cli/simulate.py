@@ -245,7 +245,8 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         if args.tier_interval_s:
             raise InputError("--tier-interval-s needs a scenario with [[tier]] tables")
         return None
-    from simulator.model.tiers import TierSchedule, first_order_plan, scheduled
+    from simulator.model.tier_plan import first_order_plan
+    from simulator.model.tiers import TierSchedule, scheduled
 
     implicit = scenario.tiers[0].implicit  # failure classes, and the scenario's own save
     if implicit and (args.policy or args.interval_s) and not args.tier_interval_s:

@@ -208,7 +208,7 @@ def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, wor
     class's lost work, recovery and restore, the rule the first-order plan follows). Failures
     count every one (a burst's follow-ups too); an every-step tier's snapshots are no events
     (its stall is booked with the compute)."""
-    from simulator.model.tiers import waste_at
+    from simulator.model.tier_plan import waste_at
 
     writers = scenario.writer_nodes or scenario.nodes or 1
     work = float(scenario.work_s or 0.0)
