@@ -262,13 +262,17 @@ def simulate_tier_plan(
     workers: int | None = 1,
     progress: bool = False,
     extra: dict[str, TierSchedule] | None = None,
+    per_replica: bool = False,
 ) -> dict[str, Any]:
     """The simulated optimum of every tier's interval and of the best single tier, then both
     and the first-order plan run again on fresh seeds (paired), so their waste, dollars and
     the difference between them are measured out of sample: what ``ckptsim optimize
     --simulate`` prints for a tiered scenario. ``extra`` schedules (label -> schedule, e.g.
     hand-set intervals) join that check, each with its waste and its excess waste over the
-    simulated optimum (``extra``)."""
+    simulated optimum (``extra``). ``per_replica``: also each check replica's waste
+    (``check_waste``: tiers, single_tier, first_order and the extra labels), to pair with
+    other scenarios checked on the same seed (their replicas meet the same failures when their
+    failure classes are the same)."""
     from tqdm.auto import tqdm
 
     from simulator.optimize import paired_excess
@@ -317,6 +321,9 @@ def simulate_tier_plan(
         "waste_saved_vs_single_tier": {k: saved[k] for k in ("mean", "lo", "hi")},
         "waste_saved_vs_first_order": {k: by_first[k] for k in ("mean", "lo", "hi")},
     }
+    if per_replica:
+        labels = ["tiers", "single_tier", "first_order", *extra]
+        out["check_waste"] = {k: waste[i].tolist() for i, k in enumerate(labels)}
     if extra:
         out["extra"] = {
             label: {

@@ -192,3 +192,20 @@ def test_the_final_save_is_paid_once_and_the_job_waste_adds_it_to_the_rate():
     # The plan's job waste says the same, less than its own rate term (~2e-6) apart.
     assert abs(rec["waste_fraction"][0] - out["job_waste_fraction"]) < 3e-6
     assert abs(rec["waste_fraction"][0] - out["optimal_waste_fraction"]) > 9e-4  # the rate alone
+
+
+def test_the_checks_per_replica_waste_pairs_strategies_on_the_same_failures():
+    from simulator.tier_search import simulate_tier_plan
+
+    s = Scenario(**{**JOB, "work_h": 20.0})
+    step = simulate_tier_plan(s, replicas=3, seed=4, per_replica=True)
+    memory = {"name": "memory", "checkpoint_s": 1.0, "restore_s": 10.0, "survives": ["process"]}
+    two = simulate_tier_plan(
+        Scenario(**{**JOB, "work_h": 20.0, "tiers": [memory, PERSISTENT]}), replicas=3, seed=4,
+        per_replica=True,
+    )  # fmt: skip
+    for sim in (step, two):
+        assert np.mean(sim["check_waste"]["tiers"]) == pytest.approx(sim["waste_fraction"])
+        assert set(sim["check_waste"]) == {"tiers", "single_tier", "first_order"}
+    # The single tier (persistent alone) is the same schedule on the same failures in both.
+    assert step["check_waste"]["single_tier"] == two["check_waste"]["single_tier"]
