@@ -209,3 +209,17 @@ def test_the_checks_per_replica_waste_pairs_strategies_on_the_same_failures():
         assert set(sim["check_waste"]) == {"tiers", "single_tier", "first_order"}
     # The single tier (persistent alone) is the same schedule on the same failures in both.
     assert step["check_waste"]["single_tier"] == two["check_waste"]["single_tier"]
+
+
+def test_the_example_file_with_every_new_field_loads_and_is_planned(capsys):
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "experiments/scenarios/llama3-every-step-bursts.toml"
+    assert main(["optimize", "--scenario", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    got = json.loads(captured.out)
+    assert set(got["tier_intervals_s"]) == {"persistent"}
+    assert got["every_step_failure_rates_per_h"]["memory"] > 0.3
+    assert "failure class 'network' comes in bursts" in captured.err
+    classes = {c["name"]: c for c in got["scenario"]["failure_class"]}
+    assert classes["hang"]["detection"] == "lognormal:sigma=1"

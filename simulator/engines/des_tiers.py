@@ -37,9 +37,9 @@ from simulator.model.scenario import IMPLICIT_CLASS, Scenario
 from simulator.model.tiers import (
     TierSchedule,
     final_tiers,
-    jit_tier,
     rollback,
     scheduled,
+    served_by,
     step_tier,
 )
 from simulator.model.trace import ClassTrace, TraceFailures
@@ -293,10 +293,10 @@ class TieredClusterJob(ClusterJob):
         self.n["failures_in_recovery"] += self.recovering
         self.counts[f"failures_{name}"] += 1
         self.failure_log.append((self.env.now, name))
-        step = self.step
-        if step is not None and name in step.survives:  # the last step completed
-            steps = math.floor((self.done_s - self.step_base) / step.step_s)
-            self.copies[step.name] = min(self.done_s, self.step_base + steps * step.step_s)
+        kind, by = served_by(self.scenario.tiers, name)  # the rule the closed forms follow
+        if kind == "step":  # its copy holds the last step completed since the job resumed
+            steps = math.floor((self.done_s - self.step_base) / by.step_s)
+            self.copies[by.name] = min(self.done_s, self.step_base + steps * by.step_s)
         for t in self.scenario.tiers:
             if name not in t.survives:
                 self.copies[t.name] = None
@@ -304,12 +304,11 @@ class TieredClusterJob(ClusterJob):
             if writer.is_alive:
                 writer.interrupt("failure")
         self.writers = {}
-        tier = jit_tier(self.scenario.tiers, name)
-        if tier is not None:  # saved just in time: the job resumes where it failed
-            at = self.done_s
+        if kind == "jit":  # saved just in time: the job resumes where it failed
+            at, tier = self.done_s, by
             self.copies[tier.name] = at
             self.counts[f"saves_{tier.name}"] += 1
-        else:
+        else:  # the newest surviving copy: the step's, or a scheduled tier's if newer
             at, tier = rollback(self.copies, self.scenario.tiers, name)
         self.t["lost"] += self.done_s - at
         self.counts[f"lost_by_{name}_s"] += self.done_s - at
