@@ -51,7 +51,8 @@ def first_order_plan(scenario) -> dict[str, Any]:
     ``waste_fraction`` is the steady rate (what dollars per day use); the job's final save,
     paid once per job, is ``final_save_s`` apart from it (``job_waste_fraction`` adds it).
     Returns ``tier_intervals_s`` (tier name -> seconds; ``inf``: only the final save goes
-    there), ``rates_per_s`` (λℓ per tier), ``waste_fraction`` and ``final_save_s``.
+    there), ``rates_per_s`` (λℓ per tier; a burst counts once), ``waste_fraction`` and
+    ``final_save_s``.
     """
     from simulator import analytic  # scipy: only when a closed form is asked for
 
