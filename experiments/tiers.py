@@ -1,10 +1,13 @@
-"""Study — what a host-memory tier is worth: two tiers against the best single tier, in dollars.
+"""Study — what a host-memory tier is worth: two tiers against the best single tier, against
+in-memory saving at every step and against just-in-time checkpointing, in dollars.
 
 The Llama 3 failure mix in two tiers (the ``llama3-tiers`` preset: host memory with a peer
-copy, and persistent storage) at 1,024, 16,384 and 100,000 GPUs; a waste map over the two
-intervals at 16,384 GPUs with the simulated optimum, the first-order prediction and the
-hand-set values people use marked; and how the answer moves with the share of failures the
-memory tier survives. Every number is the DES (``simulator.tier_search``).
+copy, and persistent storage) at 1,024, 16,384 and 100,000 GPUs, with the same job saving its
+memory copy after every training step (Gemini) or just in time after a failure (EuroSys'24)
+instead, all on the same failures; a waste map over the two intervals at 16,384 GPUs with the
+simulated optimum, the first-order prediction and the hand-set values people use marked; and
+how the answer moves with the share of failures the memory tier survives. Every number is the
+DES (``simulator.tier_search``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from experiments._report import Report, figure, table
 from simulator.display import format_duration, format_usd
 from simulator.engines.streams import search_and_check
 from simulator.model.scenario import Scenario, load_scenario
-from simulator.model.tiers import TierSchedule, first_order_plan, scheduled
+from simulator.model.tier_plan import first_order_plan
+from simulator.model.tiers import Tier, TierSchedule, scheduled
+from simulator.optimize import paired_excess
 from simulator.tier_search import evaluate_schedules, simulate_tier_plan
 
 REPLICAS = 16
@@ -34,6 +39,15 @@ them (the final save and the start-up are amortised over 200 h instead of 1,296 
 SIZES = (1024, 16384, 100_000)
 HAND_SET = {"memory": 600.0, "persistent": 3600.0}
 """Values people set by hand: host memory every 10 minutes, persistent storage every hour."""
+STEP_S = 5.9
+"""Seconds of compute per training step, derived for Llama 3 405B at 16,384 GPUs (an
+assumption): 6 FLOPs per parameter and token × 405e9 parameters × 16M tokens a batch, over
+16,384 GPUs at 400 TFLOPs each (arXiv:2407.21783, Table 4) = 5.9 s; taken as the same at every
+size (a fixed batch per GPU)."""
+STEP_STALL_S = 0.06
+"""Training stall each step's snapshot to host memory and its copy to a peer add, seconds (an
+assumption: 1% of a step). Gemini (SOSP'23) interleaves that traffic with training's and
+reports no loss of throughput, so this is conservative against it."""
 SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 MAP_POINTS = 9
 WORKERS = None  # every core
@@ -53,6 +67,19 @@ def with_jit(s: Scenario) -> Scenario:
         restore_s=persistent.restore_s,
     )  # fmt: skip
     return dataclasses.replace(s, tiers=(jit, persistent), name=f"{s.name}-jit")
+
+
+def with_every_step(s: Scenario) -> Scenario:
+    """The memory tier saved after every training step instead (Gemini, SOSP'23): a snapshot
+    to host memory and a peer after each ``STEP_S`` step, stalling ``STEP_STALL_S``, restored
+    as the memory tier is (10 s) after the same failures; a failure it survives loses only the
+    step under way."""
+    memory, persistent = (next(t for t in s.tiers if t.name == n) for n in ("memory", "persistent"))
+    step = Tier(
+        name="memory", every_step=True, step_s=STEP_S, step_stall_s=STEP_STALL_S,
+        restore_s=memory.restore_s, survives=memory.survives,
+    )  # fmt: skip
+    return dataclasses.replace(s, tiers=(step, persistent), name=f"{s.name}-every-step")
 
 
 def ci_text(lo: float, hi: float, fmt) -> str:
@@ -78,18 +105,19 @@ def points(x: dict) -> str:
     return f"{100 * x['mean']:+.2f} ({100 * x['lo']:+.2f} to {100 * x['hi']:+.2f})"
 
 
-def size_rows(base: Scenario) -> tuple[pd.DataFrame, dict]:
-    rows, plans = [], {}
+def size_rows(base: Scenario) -> tuple[pd.DataFrame, dict, list[dict]]:
+    rows, plans, strategies = [], {}, []
     for gpus in SIZES:
         s = at_size(base, gpus)
+        runs = dict(replicas=REPLICAS_AT.get(gpus, REPLICAS), seed=SEED, workers=WORKERS)
         sim = simulate_tier_plan(
-            s, replicas=REPLICAS_AT.get(gpus, REPLICAS), seed=SEED, workers=WORKERS,
-            extra={"hand-set": TierSchedule(dict(HAND_SET))},
-        )  # fmt: skip
-        plans[gpus] = (s, sim)
-        jit = simulate_tier_plan(
-            with_jit(s), replicas=REPLICAS_AT.get(gpus, REPLICAS), seed=SEED, workers=WORKERS
+            s, extra={"hand-set": TierSchedule(dict(HAND_SET))}, per_replica=True, **runs
         )
+        plans[gpus] = (s, sim)
+        # The same failures (the same classes on the same check seeds), other strategies.
+        step = simulate_tier_plan(with_every_step(s), per_replica=True, **runs)
+        jit = simulate_tier_plan(with_jit(s), per_replica=True, **runs)
+        strategies += strategy_records(s, sim, step, jit)
         mem_lo, mem_hi = sim["tier_intervals_ci95_s"]["memory"]
         single = sim["single_tier_simulated"]
         saved = sim["waste_saved_vs_single_tier"]
@@ -111,14 +139,138 @@ def size_rows(base: Scenario) -> tuple[pd.DataFrame, dict]:
                 "saved per day (95% CI)": f"{format_usd(saved['mean'] * day)} "
                 f"({ci_text(saved['lo'] * day, saved['hi'] * day, format_usd)})",
                 "two tiers cheaper": shown(saved),
-                "JIT + persistent: every": _every(jit, "persistent"),
-                "JIT + persistent: waste (95% CI)": f"{pct(jit['waste_fraction'])} "
-                f"({ci_text(*jit['waste_fraction_ci95'], pct)})",
-                "JIT + persistent (USD)": jit["usd_lost_per_day"],
                 "hand-set 10 min / 1 h: excess points": points(hand["excess_waste"]),
             }
         )
-    return pd.DataFrame(rows), plans
+    return pd.DataFrame(rows), plans, strategies
+
+
+def strategy_records(s: Scenario, sim: dict, step: dict, jit: dict) -> list[dict]:
+    """Each strategy's waste and dollars a day (95% CIs) at one size, and what it costs beyond
+    the two tiers per day, paired replica by replica on the same failures (95% CI)."""
+    day = s.gpus * s.usd_per_gpu_hour * 24.0
+    two = np.asarray(sim["check_waste"]["tiers"])
+    memory = format_duration(sim["tier_intervals_s"]["memory"])
+    entries = [
+        (f"two tiers: memory every {memory}, persistent every "
+         f"{_plain_every(sim, 'persistent')}", sim, two),
+        (f"one tier: persistent every {format_duration(sim['single_tier_interval_s'])}",
+         sim["single_tier_simulated"], np.asarray(sim["check_waste"]["single_tier"])),
+        (f"memory every step + persistent every {_plain_every(step, 'persistent')}", step,
+         np.asarray(step["check_waste"]["tiers"])),
+        (f"JIT + persistent every {_plain_every(jit, 'persistent')}", jit,
+         np.asarray(jit["check_waste"]["tiers"])),
+    ]  # fmt: skip
+    out = []
+    for i, (label, summary, waste) in enumerate(entries):
+        more = paired_excess(waste, two)
+        out.append(
+            {
+                "gpus": s.gpus,
+                "kind": ("two tiers", "one tier", "memory every step", "JIT")[i],
+                "strategy": label,
+                "waste": summary["waste_fraction"],
+                "waste_ci": summary["waste_fraction_ci95"],
+                "usd": summary["usd_lost_per_day"],
+                "usd_ci": summary["usd_lost_per_day_ci95"],
+                "more": None if i == 0 else {k: more[k] * day for k in ("mean", "lo", "hi")},
+            }
+        )
+    return out
+
+
+def strategy_table(records: list[dict]) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        more = r["more"]
+        if more is None:
+            against, verdict = "-", "-"
+        else:
+            against = f"{format_usd(more['mean'])} ({ci_text(more['lo'], more['hi'], format_usd)})"
+            verdict = (
+                "two tiers cheaper" if more["lo"] > 0
+                else "two tiers dearer" if more["hi"] < 0
+                else "not shown"
+            )  # fmt: skip
+        rows.append(
+            {
+                "GPUs": f"{r['gpus']:,}",
+                "strategy": r["strategy"],
+                "waste (95% CI)": f"{pct(r['waste'])} ({ci_text(*r['waste_ci'], pct)})",
+                "lost per day (95% CI)": f"{format_usd(r['usd'])} "
+                f"({ci_text(*r['usd_ci'], format_usd)})",
+                "more than two tiers, per day (95% CI)": against,
+                "verdict": verdict,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def strategy_figure(records: list[dict]):
+    """Dollars lost a day by each strategy, one panel per size (each its own linear scale, so
+    the differences show), with their 95% CIs: the table's numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = ("two tiers", "one tier", "memory every step", "JIT")
+    markers = ("o", "s", "D", "^")
+    fig, axes = plt.subplots(1, len(SIZES), figsize=(9.0, 3.8))
+    for ax, gpus in zip(axes, SIZES, strict=True):
+        by = {r["kind"]: r for r in records if r["gpus"] == gpus}
+        for k, kind in enumerate(kinds):
+            r = by[kind]
+            lo, hi = r["usd_ci"]
+            ax.errorbar(
+                [k], [r["usd"]], yerr=[[r["usd"] - lo], [hi - r["usd"]]], fmt=markers[k],
+                ms=7, capsize=4, color=f"C{k}", label=kind, zorder=3,
+            )  # fmt: skip
+        ax.set_xticks(range(len(kinds)), ["two\ntiers", "one\ntier", "every\nstep", "JIT"])
+        ax.set_xlim(-0.6, len(kinds) - 0.4)
+        ax.set_ylim(0, 1.12 * max(r["usd_ci"][1] for r in by.values()))  # room over the top
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_dollars))
+        ax.set_title(f"{gpus:,} GPUs", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("US dollars lost per day (mean, 95% CI)")
+    fig.suptitle("Llama 3 failure mix: what each checkpointing strategy loses a day", fontsize=9)
+    fig.tight_layout()
+    return axes[0]
+
+
+def _dollars(v: float, _=None) -> str:
+    """An axis tick in dollars: $800, $60k, $1.5M."""
+    if v >= 1e6:
+        return f"${v / 1e6:.1f}M"
+    return f"${v / 1e3:,.0f}k" if v >= 1e4 else f"${v:,.0f}"
+
+
+def _break_even(records: list[dict]) -> str:
+    """The stall per step at which saving every step would lose what two tiers lose, by first
+    order from the measured means: each second of stall a step adds about (1 − waste)/step to
+    the waste fraction."""
+    lines = []
+    for gpus in SIZES:
+        by = {r["kind"]: r for r in records if r["gpus"] == gpus}
+        two, step = by["two tiers"]["waste"], by["memory every step"]["waste"]
+        even = STEP_STALL_S + (two - step) * STEP_S / (1.0 - step)
+        lines.append(
+            f"{gpus:,} GPUs: about {even:.2g} s"
+            if even > 0
+            else f"{gpus:,} GPUs: none (two tiers lose less even with no stall a step)"
+        )
+    return (
+        "How far the every-step result rests on its assumed stall: the stall per step at which "
+        "it would lose as much as two tiers, from the measured means by first order (each "
+        f"second of stall a step adds about (1 − waste)/{STEP_S:g} to the waste fraction): "
+        + "; ".join(lines)
+        + "."
+    )
+
+
+def _plain_every(sim: dict, tier: str) -> str:
+    value = sim["tier_intervals_s"][tier]
+    return "final save only" if tier not in sim["tier_intervals_ci95_s"] else format_duration(value)
 
 
 def _every(sim: dict, tier: str) -> str:
@@ -276,9 +428,12 @@ def share_rows(base: Scenario) -> pd.DataFrame:
 
 
 def main() -> None:
-    rep = Report("tiers", "Two checkpoint tiers against one, in dollars per day")
+    rep = Report(
+        "tiers", "Two checkpoint tiers against one, against every-step saving and JIT, in dollars"
+    )
     base = load_scenario("llama3-tiers")
-    df, plans = size_rows(base)
+    df, plans, strategies = size_rows(base)
+    strategy_link = figure(strategy_figure(strategies), "tiers-strategies")
     s16, sim16 = plans[16384]
     ax, grid = waste_map(s16, sim16)
     map_link = figure(ax, "tiers-waste-map")
@@ -312,13 +467,41 @@ bootstrap 95% CI over the last round's replicas.
 failures, times GPUs × price × 24 h. *Hand-set*: memory every 10 min and persistent every hour,
 its waste minus the simulated optimum's, in points of wall time (95% CI).
 
-*JIT + persistent*: just-in-time checkpointing (Gupta et al., EuroSys'24) instead of the memory
-tier: after a failure the memory tier would survive, the healthy data-parallel replicas write
-the state they hold to persistent storage (60 s, paid in the recovery) and the job resumes from
-it (60 s restore), losing no work; the other failures (silent data corruption) roll back to the
-persistent tier, whose interval is searched the same way. Its assumption: a healthy replica of
-every shard survives each such failure. Not modelled yet, so not in this table: in-memory
-saving at every step with peer replication (as Gemini does).
+## Two tiers against in-memory saving at every step and against just-in-time checkpointing
+
+The same job at each size with its memory tier replaced, on the same failures as the two tiers
+(the same failure classes on the same fresh check seeds), each strategy's persistent interval
+searched as above:
+
+{table(strategy_table(strategies))}
+
+{strategy_link}
+
+*Waste* and *lost per day*: means over the check's fresh replicas, t 95% CI. *More than two
+tiers, per day*: the strategy's waste minus the two tiers', replica by replica on the same
+failures, times GPUs × price × 24 h (t 95% CI); *two tiers cheaper* only when that whole
+interval is above zero. Waste is measured over the whole job, the final save included.
+
+What each strategy assumes:
+
+- *Two tiers*: the `llama3-tiers` memory tier (a copy in host memory and on a peer, 2 s stall
+  a save) and persistent storage (60 s), each at its searched interval.
+- *One tier*: persistent storage alone: no copy in host memory or on a peer.
+- *Memory every step + persistent* (Gemini, SOSP'23): after every {STEP_S:g} s training step
+  a snapshot to host memory and a peer, stalling {STEP_STALL_S:g} s a step (both assumptions:
+  the step is derived from Llama 3's Table 4 and taken as the same at every size; the stall is
+  1% of a step, conservative against Gemini's reported no loss of throughput), restored in
+  10 s after the failures the memory tier survives, which lose only the step under way; silent
+  data corruption rolls back to persistent storage. The DES books each step's stall with the
+  compute (no event per step).
+- *JIT + persistent*: just-in-time checkpointing (Gupta et al., EuroSys'24): after a failure
+  the memory tier would survive, the healthy data-parallel replicas write the state they hold
+  to persistent storage (60 s, paid in the recovery) and the job resumes from it (60 s
+  restore), losing no work; the other failures (silent data corruption) roll back to the
+  persistent tier. Its assumption: a healthy replica of every shard survives each such
+  failure.
+
+{_break_even(strategies)}
 
 Where the time goes at 16,384 GPUs, class by class: hours of the job's wall time per day lost to
 rolled-back work and to recovery, means over the check's {REPLICAS} fresh replicas (failures per

@@ -15,8 +15,10 @@ DES, every candidate schedule on the same failure histories (common random numbe
   (bootstrap), give percentile intervals for each tier's interval.
 
 A tier whose first-order interval is infinite (no failure class needs it) is not searched:
-it takes only the job's final save. Searching one tier with the others at infinity is the
-best single-tier schedule (``single_tier=True``), so the two answers are found the same way.
+it takes only the job's final save. Just-in-time and every-step tiers have no interval: they
+run as they are in every schedule, and the single tier runs without them. Searching one tier
+with the others at infinity is the best single-tier schedule (``single_tier=True``), so the
+two answers are found the same way.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import numpy as np
 from simulator.engines.results import mean_ci
 from simulator.engines.streams import search_and_check
 from simulator.errors import InputError
-from simulator.model.tiers import TierSchedule, first_order_plan, scheduled, single_tier_plan
+from simulator.model.tier_plan import first_order_plan, single_tier_plan
+from simulator.model.tiers import TierSchedule, scheduled
 
 __all__ = ["TierOptimum", "evaluate_schedules", "search_tiers", "waste_summary"]
 
@@ -217,13 +220,15 @@ def _searched(scenario) -> tuple[int, bool]:
     varied = {n for n, v in first_order_plan(scenario)["tier_intervals_s"].items() if v < work}
     single = single_tier_plan(scenario)
     alone = {single["tier"]} if single["interval_s"] < work else set()
-    jit = any(t.jit for t in scenario.tiers)  # the single tier runs without it: another search
-    return len(varied), varied != alone or jit
+    # The single tier runs without just-in-time or every-step tiers: another search.
+    unscheduled = len(scheduled(scenario.tiers)) < len(scenario.tiers)
+    return len(varied), varied != alone or unscheduled
 
 
-def without_jit(scenario):
-    """The scenario with its just-in-time tiers taken out: where the single tier runs."""
-    if not any(t.jit for t in scenario.tiers):
+def scheduled_only(scenario):
+    """The scenario with its just-in-time and every-step tiers taken out: where the single
+    tier runs (one tier means no saves after a failure or after every step either)."""
+    if len(scheduled(scenario.tiers)) == len(scenario.tiers):
         return scenario
     return dataclasses.replace(scenario, tiers=tuple(scheduled(scenario.tiers)))
 
@@ -257,13 +262,17 @@ def simulate_tier_plan(
     workers: int | None = 1,
     progress: bool = False,
     extra: dict[str, TierSchedule] | None = None,
+    per_replica: bool = False,
 ) -> dict[str, Any]:
     """The simulated optimum of every tier's interval and of the best single tier, then both
     and the first-order plan run again on fresh seeds (paired), so their waste, dollars and
     the difference between them are measured out of sample: what ``ckptsim optimize
     --simulate`` prints for a tiered scenario. ``extra`` schedules (label -> schedule, e.g.
     hand-set intervals) join that check, each with its waste and its excess waste over the
-    simulated optimum (``extra``)."""
+    simulated optimum (``extra``). ``per_replica``: also each check replica's waste
+    (``check_waste``: tiers, single_tier, first_order and the extra labels), to pair with
+    other scenarios checked on the same seed (their replicas meet the same failures when their
+    failure classes are the same)."""
     from tqdm.auto import tqdm
 
     from simulator.optimize import paired_excess
@@ -274,7 +283,7 @@ def simulate_tier_plan(
     total = (evaluations_for(scenario) + len(extra)) * replicas
     with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
         tiers = search_tiers(scenario, replicas=replicas, seed=search_ss, workers=workers, bar=bar)
-        plain = without_jit(scenario)  # one tier means no just-in-time saves either
+        plain = scheduled_only(scenario)
         if _searched(scenario)[1]:
             single = search_tiers(
                 plain, replicas=replicas, seed=search_ss, single_tier=True, workers=workers,
@@ -312,6 +321,9 @@ def simulate_tier_plan(
         "waste_saved_vs_single_tier": {k: saved[k] for k in ("mean", "lo", "hi")},
         "waste_saved_vs_first_order": {k: by_first[k] for k in ("mean", "lo", "hi")},
     }
+    if per_replica:
+        labels = ["tiers", "single_tier", "first_order", *extra]
+        out["check_waste"] = {k: waste[i].tolist() for i, k in enumerate(labels)}
     if extra:
         out["extra"] = {
             label: {

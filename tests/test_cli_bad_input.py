@@ -86,6 +86,15 @@ def assert_one_line_error(code, err, fragment):
          "not modelled by plot interval yet"),
         (["simulate", *JOB, "--policy", "controller", "--engine", "fast"],
          "learns from the failures a replica meets"),
+        # Trace replay against failure classes: each failure needs its class.
+        (["simulate", "--scenario", "llama3-tiers", "--cause-class", "Xid=gpu"],
+         "--cause-class need --trace FILE"),
+        (["simulate", *JOB, "--trace", "x.csv", "--cause-column", "cause"],
+         "this scenario has none"),
+        (["simulate", "--scenario", "llama3-tiers", "--trace", "x.csv"],
+         "cannot read failure log x.csv"),
+        (["simulate", "--scenario", "llama3-tiers", "--tier-interval-s", "memory=5",
+          "--cause-class", "Xid"], "need --trace FILE"),
         # Runaways once: hours of simulation or gigabytes, refused up front with the estimate.
         (["simulate", "--mtbf-h", "0.001", "--checkpoint-s", "60", "--work-h", "10"],
          "no headway"),

@@ -273,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_tiers(args: argparse.Namespace, scenario) -> int:
     """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside."""
     from simulator.cli.common import print_json
-    from simulator.model.tiers import final_tiers, recommend_tiers
+    from simulator.model.tier_plan import recommend_tiers
+    from simulator.model.tiers import final_tiers
 
     if getattr(args, "profile", None):
         raise InputError(
@@ -311,6 +312,8 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
         lines.append(f"{name:<16}{every:>12}{rate:>32.4g}")
     for name, rate in result["jit_failure_rates_per_h"].items():
         lines.append(f"{name:<16}{'on failure':>12}{rate:>32.4g}   (just in time)")
+    for name, rate in result["every_step_failure_rates_per_h"].items():
+        lines.append(f"{name:<16}{'every step':>12}{rate:>32.4g}")
     money = "usd_lost_per_day" in result
     tiered = f"waste {format_percent(result['optimal_waste_fraction'])}"
     single = f"waste {format_percent(result['single_tier_waste_fraction'])}"
@@ -348,6 +351,14 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
             "saves at these rates (first order)."
         )
     lines.append("Recommendation: " + advice)
+    if result["final_save_s"]:
+        job = result["job_waste_fraction"]
+        text = (
+            f"The waste and dollars are rates; the job's final save ({result['final_save_s']:.3g}"
+            " s) is paid once"
+            + (f": over this job's work the tiers waste {format_percent(job)}." if job else ".")
+        )
+        lines += textwrap.wrap(text, 96)
     if args.simulate:
         lines += ["", *_render_simulated_tiers(result["simulated"], final)]
     print("\n".join(lines))

@@ -49,6 +49,10 @@ examples:
   ckptsim simulate --gpus 4096 --gpu-mtbf-h 50000 --checkpoint-s 60 --restart-s 600 \\
       --work-h 500 --trace my-failures.csv --time-column failed_at --trace-start random
       replay a real failure log (timestamps, or numbers with --unit) instead of a model
+  ckptsim simulate --scenario llama3-tiers --trace log.csv --cause-column cause \
+      --cause-class "GPU HBM3"=gpu --cause-class "Network switch"=network ...
+      replay a log against failure classes and tiers: each failure restores from the tier
+      that survives its class
 
 Replicas run in parallel on all cores and are reproducible from --seed on any core count.
 Intervals are compute time between saves; --out writes one row per replica (.csv/.parquet)."""
@@ -127,6 +131,21 @@ def register(subparsers) -> None:
         "timestamps are parsed as dates)",
     )
     tr.add_argument(
+        "--cause-column",
+        metavar="C",
+        help="with [[failure_class]] tables: column of each failure's cause (default: one named "
+        "cause/category/reason/type, as `ckptsim fit` reads it); a scenario of several classes "
+        "needs one, so that each replayed failure has its class",
+    )
+    tr.add_argument(
+        "--cause-class",
+        action="append",
+        default=[],
+        metavar="CAUSE=CLASS",
+        help="replay failures the log gives cause CAUSE as failure class CLASS (repeatable); a "
+        "cause that is itself a class's name needs none; any other cause is an error",
+    )
+    tr.add_argument(
         "--trace-start",
         choices=("first", "random"),
         default="first",
@@ -164,19 +183,60 @@ def _scenario(args: argparse.Namespace):
 
 
 def _trace(args: argparse.Namespace, scenario):
-    """The replayed failure times (None without --trace) and the scenario they run against."""
+    """The replayed failure times (None without --trace) and the scenario they run against;
+    with failure classes, each failure with its class (``model.trace.ClassTrace``)."""
+    causes_given = args.cause_column is not None or bool(args.cause_class)
     if args.trace is None:
-        if args.time_column is not None or args.unit is not None or args.trace_start != "first":
-            raise InputError("--time-column, --unit and --trace-start need --trace FILE")
+        if (
+            args.time_column is not None or args.unit is not None
+            or args.trace_start != "first" or causes_given
+        ):  # fmt: skip
+            raise InputError(
+                "--time-column, --unit, --trace-start, --cause-column and --cause-class need "
+                "--trace FILE"
+            )
         return None, scenario
-    from simulator.model.trace import TraceStart, read_trace, trace_mtbf_s
+    from simulator.model.trace import (
+        ClassTrace,
+        TraceStart,
+        classes_of,
+        read_causes,
+        read_trace,
+        trace_mtbf_s,
+    )
 
-    times = read_trace(args.trace, time_column=args.time_column, unit=args.unit or "h")
+    names = [c.name for c in scenario.failure_classes]
+    read = dict(time_column=args.time_column, unit=args.unit or "h")
+    classes = None
+    if causes_given or len(names) > 1:
+        if not names:
+            raise InputError(
+                "--cause-column and --cause-class map a log's causes to [[failure_class]] "
+                "tables; this scenario has none"
+            )
+        times, causes = read_causes(args.trace, cause_column=args.cause_column, **read)
+        classes = classes_of(causes, names, _cause_map(args.cause_class))
+    else:  # one class, or none: every failure is of it
+        times = read_trace(args.trace, **read)
     if not scenario.has_mtbf:
         scenario = scenario.with_overrides(mtbf_h=trace_mtbf_s(times) / 3600.0)
     if args.trace_start == "random":
-        return TraceStart(times, keep_s=(scenario.work_s or 0.0)), scenario
-    return times, scenario
+        return TraceStart(times, keep_s=(scenario.work_s or 0.0), classes=classes), scenario
+    return (times if classes is None else ClassTrace(times, classes)), scenario
+
+
+def _cause_map(pairs: list[str]) -> dict[str, str]:
+    """--cause-class CAUSE=CLASS flags as a dict (the last '=' splits, so a cause may hold one)."""
+    out: dict[str, str] = {}
+    for text in pairs:
+        cause, sep, name = text.rpartition("=")
+        cause, name = cause.strip(), name.strip()
+        if not sep or not cause or not name:
+            raise InputError(f"--cause-class {text!r}: give CAUSE=CLASS, e.g. 'GPU HBM3'=gpu")
+        if cause in out:
+            raise InputError(f"--cause-class {cause!r} is given twice; give it once")
+        out[cause] = name
+    return out
 
 
 def _tier_schedule(args: argparse.Namespace, scenario):
@@ -185,7 +245,8 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         if args.tier_interval_s:
             raise InputError("--tier-interval-s needs a scenario with [[tier]] tables")
         return None
-    from simulator.model.tiers import TierSchedule, first_order_plan, scheduled
+    from simulator.model.tier_plan import first_order_plan
+    from simulator.model.tiers import TierSchedule, scheduled
 
     implicit = scenario.tiers[0].implicit  # failure classes, and the scenario's own save
     if implicit and (args.policy or args.interval_s) and not args.tier_interval_s:

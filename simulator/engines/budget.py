@@ -204,15 +204,15 @@ def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, wor
     """The cost of running each tier schedule (``model.tiers.TierSchedule``) on ``replicas``
     replicas of a tiered scenario: as :func:`estimate`, a replica's failures and saves over its
     expected wall time. That wall time is the work over one minus the first-order waste at the
-    schedule's own intervals: each tier's stalls Cℓ/τℓ, and each failure class losing half the
-    shortest interval among the tiers that survive it (all work so far when none is saved on a
-    schedule) and paying its recovery and that tier's restore."""
-    from simulator.model.tiers import class_terms, jit_tier, scheduled
+    schedule's own intervals (``model.tiers.waste_at``: each tier's stalls, each failure
+    class's lost work, recovery and restore, the rule the first-order plan follows). Failures
+    count every one (a burst's follow-ups too); an every-step tier's snapshots are no events
+    (its stall is booked with the compute)."""
+    from simulator.model.tier_plan import waste_at
 
     writers = scenario.writer_nodes or scenario.nodes or 1
     work = float(scenario.work_s or 0.0)
-    terms = class_terms(scenario)
-    rate = sum(r for _, r, _ in terms)
+    rate = scenario.failure_rate_per_s
     if scenario.failure_classes:
         components = sum(
             c.components(scenario.gpus, scenario.nodes) for c in scenario.failure_classes
@@ -222,20 +222,7 @@ def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, wor
     walls, events = [], 0.0
     for schedule in schedules:
         iv = _tier_intervals(scenario, schedule)
-        tiers = scheduled(scenario.tiers)
-        waste = sum(t.stall_s(writers) / iv[t.name] for t in tiers if math.isfinite(iv[t.name]))
-        for name, r, recovery_s in terms:
-            jit = jit_tier(scenario.tiers, name)
-            if jit is not None:
-                waste += r * (recovery_s + jit.write_s(writers) + jit.restore_s)
-                continue
-            saved = [(iv[t.name], t) for t in tiers if name in t.survives]
-            saved = [(tau, t) for tau, t in saved if math.isfinite(tau)]
-            if saved:
-                tau, tier = min(saved, key=lambda x: x[0])
-                waste += r * (tau / 2.0 + recovery_s + tier.restore_s)
-            else:
-                waste += r * (work / 2.0 + recovery_s)
+        waste = waste_at(scenario, iv)
         cap = MAX_WALL_FACTOR * work
         wall = work / (1.0 - waste) if waste < 1.0 else math.inf
         wall = cap if not math.isfinite(wall) or wall > cap else max(wall, work)

@@ -1,47 +1,129 @@
 """The discrete-event model with checkpoint tiers and failure classes (``simulator.model.tiers``).
 
 The same job as ``simulator.engines.des.ClusterJob`` — the same recovery, spare pool, repairs and
-time buckets — with two differences. Failures come from one source per class (class i of
+time buckets — with these differences. Failures come from one source per class (class i of
 replica r draws from stream ``streams.CLASSES + i``; without classes the scenario's own
-failures are one class, from the very streams the single-tier model uses) and interrupt the
-job with their class. Saves follow a ``TierSchedule``: at each save point every tier due
+failures are one class, from the very streams the single-tier model uses), or from a trace
+whose every failure names its class, and interrupt the job with their class. A class in
+bursts (``model.failure_source.BurstFailures``) adds its follow-ups from a stream of its own;
+a class with a detection-time family draws each failure's detection time from another
+(``streams.class_parts``), so schedules compared on one seed meet the same failures, bursts
+and detection times. Saves follow a ``TierSchedule``: at each save point every tier due
 there is saved, cheapest first (sync tiers stall for their write, async tiers for staging,
 their write running behind, one at a time per tier). A failure of class c destroys the copies
 of tiers that do not survive c and every write under way, and rolls back to
 ``tiers.rollback`` — the newest surviving copy — whose tier's restore time the recovery
 pays, with c's detection and restart; when a just-in-time tier survives c, the job loses no
-work and the recovery pays that tier's save as well as its restore. The job's final state
-goes to ``tiers.final_tiers``.
+work and the recovery pays that tier's save as well as its restore (``tiers.served_by``).
+An every-step tier holds the state at the last step completed since the job last resumed
+(steps of ``step_s`` compute seconds counted from there), and its per-step stall is booked
+with the compute as it runs: each compute second takes 1 + step_stall_s/step_s seconds of
+wall time, the excess in the checkpoint bucket (a fluid model of one stall per step: no
+event per step). The job's final state goes to ``tiers.final_tiers``.
 """
 
 from __future__ import annotations
 
+import math
+
 import simpy
 
 from simulator.engines.des import ClusterJob, failure_source_for
-from simulator.engines.streams import class_streams
+from simulator.engines.streams import class_parts, class_streams
 from simulator.errors import InputError
-from simulator.model.failure_source import ComponentFailures, MergedFailures
+from simulator.model.failure_source import BurstFailures, ComponentFailures, Draws, MergedFailures
 from simulator.model.failures import parse_failure
 from simulator.model.scenario import IMPLICIT_CLASS, Scenario
-from simulator.model.tiers import TierSchedule, final_tiers, jit_tier, rollback, scheduled
+from simulator.model.tiers import (
+    TierSchedule,
+    final_tiers,
+    rollback,
+    scheduled,
+    served_by,
+    step_tier,
+)
+from simulator.model.trace import ClassTrace, TraceFailures
 
-__all__ = ["TieredClusterJob", "class_sources"]
+__all__ = ["ClassFailures", "TieredClusterJob", "class_sources", "trace_sources"]
 
 
-def class_sources(scenario: Scenario, gpu_rng, node_rng, rng_or_seed) -> MergedFailures:
-    """One failure source per class, merged; a failure's source index is its class."""
+class ClassFailures:
+    """A tiered job's failures: (time, class index) in time order from ``source``, and each
+    failure's detection time — the class's fixed one, or the next of its ``detections``
+    (``failure_source.Draws``; None for a class whose detection is fixed)."""
+
+    def __init__(self, source, detections):
+        self.source, self.detections = source, list(detections)
+
+    def next_failure(self) -> tuple[float, int]:
+        return self.source.next_failure()
+
+    def next_failure_s(self) -> float:
+        return self.next_failure()[0]
+
+    def detection_s(self, index: int, fixed_s: float) -> float:
+        """The detection time of the failure of class ``index`` now under way, seconds."""
+        draws = self.detections[index] if index < len(self.detections) else None
+        return fixed_s if draws is None else draws.next()
+
+
+def _detections(scenario: Scenario, class_rngs) -> list:
+    """Each class's detection draws (None where detection is fixed), from its own stream."""
+    out = []
+    for c, rng in zip(scenario.failure_classes, class_rngs, strict=True):
+        life = c.detection_times()
+        out.append(None if life is None else Draws(life, class_parts(rng)[0]))
+    return out
+
+
+def class_sources(scenario: Scenario, gpu_rng, node_rng, rng_or_seed) -> ClassFailures:
+    """One failure source per class (with its bursts), merged; a failure's source index is its
+    class."""
     if not scenario.failure_classes:
-        return MergedFailures(failure_source_for(scenario, gpu_rng, node_rng))
+        return ClassFailures(MergedFailures(failure_source_for(scenario, gpu_rng, node_rng)), [])
     rngs = class_streams(rng_or_seed, len(scenario.failure_classes))
+    detections = _detections(scenario, rngs)
     stationary = scenario.component_age == "stationary"
     sources = []
     for c, rng in zip(scenario.failure_classes, rngs, strict=True):
         n = c.components(scenario.gpus, scenario.nodes)
         mtbf_h = c.mtbf_h or c.gpu_mtbf_h or c.node_mtbf_h
         life = parse_failure(c.failure, mtbf_h * 3600.0)
-        sources.append(ComponentFailures(life, n, rng, stationary=stationary))
-    return MergedFailures(*sources)
+        source = ComponentFailures(life, n, rng, stationary=stationary)
+        if c.burst_followups:
+            source = BurstFailures(source, c.followups, c.burst_window_s, class_parts(rng)[1])
+        sources.append(source)
+    return ClassFailures(MergedFailures(*sources), detections)
+
+
+def trace_sources(scenario: Scenario, trace, rng_or_seed) -> ClassFailures:
+    """A replayed failure log as the job's failures: each with the class the log gives it
+    (``model.trace.ClassTrace``), or the one class when the scenario has only one; detection
+    times drawn as for simulated failures. A trace is what happened: no bursts are added."""
+    names = [c.name for c in scenario.failure_classes] or [IMPLICIT_CLASS]
+    if isinstance(trace, ClassTrace):
+        times, classes = trace.times_s, list(trace.classes)
+    elif len(names) == 1:
+        times = trace
+        classes = [names[0]] * len(times)
+    else:
+        raise InputError(
+            f"a trace replayed against {len(names)} failure classes needs each failure's class: "
+            "name the log's cause column (--cause-column) and map its causes to the classes "
+            "(--cause-class CAUSE=CLASS)"
+        )
+    index = {n: i for i, n in enumerate(names)}
+    unknown = sorted({c for c in classes if c not in index})
+    if unknown:
+        raise InputError(
+            f"the trace names failure class {unknown[0]!r}, which the scenario does not have "
+            f"(classes: {', '.join(names)})"
+        )
+    detections = []
+    if scenario.failure_classes:
+        detections = _detections(scenario, class_streams(rng_or_seed, len(names)))
+    source = TraceFailures(times, classes=[index[c] for c in classes])
+    return ClassFailures(source, detections)
 
 
 class TieredClusterJob(ClusterJob):
@@ -63,7 +145,14 @@ class TieredClusterJob(ClusterJob):
         self.tier_stall = {t.name: t.stall_s(writers) for t in self.tiers}
         self.final = {t.name for t in final_tiers(self.tiers)}
         self.classes = [c.name for c in scenario.failure_classes] or [IMPLICIT_CLASS]
-        self.copies: dict[str, float | None] = dict.fromkeys([*self.tier_write, *self.jit_write])
+        # An every-step tier: wall seconds per compute second, and where its steps count from.
+        self.step = step_tier(scenario.tiers)
+        self.slow = 1.0 + self.step.step_stall_s / self.step.step_s if self.step else 1.0
+        self.step_base = 0.0
+        stepped = [self.step.name] if self.step else []
+        self.copies: dict[str, float | None] = dict.fromkeys(
+            [*self.tier_write, *self.jit_write, *stepped]
+        )
         self.mark = dict.fromkeys(self.tier_write, 0.0)  # progress at the tier's last save
         self.saved = dict.fromkeys(self.tier_write, 0)  # saves of each tier since the start
         self.writers: dict[str, simpy.Process] = {}
@@ -73,13 +162,25 @@ class TieredClusterJob(ClusterJob):
         self.counts.update({f"saves_{t}": 0 for t in self.copies})
         self.counts.update({f"restores_{t}": 0 for t in self.copies})
         self.failure_log: list[tuple[float, str]] = []
-        self.pending: tuple[int, object] = (0, None)
+        self.detection_log: list[float] = []  # each failure's detection time, in order
+        self.pending: tuple[int, object, float] = (0, None, 0.0)  # class, tier, detection
 
     # -- what is due --------------------------------------------------------------------
     def _next_segment(self) -> float:
         iv = self.policy.intervals_s
         # Rounding can leave a tier a hair past due (a save cut short keeps its old mark).
-        return max(0.0, min(iv[n] - (self.done_s - self.mark[n]) for n in iv))
+        left = (iv[n] - (self.done_s - self.mark[n]) for n in iv)
+        return max(0.0, min(left, default=math.inf))  # no scheduled tier: run to the end
+
+    def _book_cut(self, phase: str | None, start: float) -> None:
+        if phase == "compute" and self.step is not None:  # the step stalls ran along
+            elapsed = self.env.now - start
+            computed = elapsed / self.slow
+            self.t["compute"] += computed
+            self.done_s += computed
+            self.t["checkpoint"] += elapsed - computed
+            return
+        super()._book_cut(phase, start)
 
     def _due(self, final: bool) -> list:
         iv, every = self.policy.intervals_s, self.policy.every
@@ -113,7 +214,11 @@ class TieredClusterJob(ClusterJob):
                 start = env.now
                 self.n["events"] += 1
                 phase = "compute"
-                yield timeout(segment)
+                if self.step is None:
+                    yield timeout(segment)
+                else:  # each step's snapshot stalls training as it goes
+                    yield timeout(segment * self.slow)
+                    t["checkpoint"] += segment * self.slow - segment
                 t["compute"] += segment
                 self.done_s = work_s if segment >= left else self.done_s + segment
                 for tier in self._due(final=self.done_s >= work_s):
@@ -159,15 +264,15 @@ class TieredClusterJob(ClusterJob):
 
     def _recovery_times(self):
         s = self.scenario
-        index, tier = self.pending
+        index, tier, detection_s = self.pending
         restore = 0.0 if tier is None else tier.restore_s
         if tier is not None and tier.jit:  # the healthy replicas write the state first
             restore += self.jit_write[tier.name]
         if not s.failure_classes:
-            return s.detection_s, s.restart_s + restore + s.warmup_s
+            return detection_s, s.restart_s + restore + s.warmup_s
         c = s.failure_classes[index]
         restart = s.restart_s if c.restart_s is None else c.restart_s
-        return c.detection_s, restart + restore + s.warmup_s
+        return detection_s, restart + restore + s.warmup_s
 
     def _recover(self):
         # Charged to the class being recovered from, cut short or not, so the classes' shares
@@ -188,6 +293,10 @@ class TieredClusterJob(ClusterJob):
         self.n["failures_in_recovery"] += self.recovering
         self.counts[f"failures_{name}"] += 1
         self.failure_log.append((self.env.now, name))
+        kind, by = served_by(self.scenario.tiers, name)  # the rule the closed forms follow
+        if kind == "step":  # its copy holds the last step completed since the job resumed
+            steps = math.floor((self.done_s - self.step_base) / by.step_s)
+            self.copies[by.name] = min(self.done_s, self.step_base + steps * by.step_s)
         for t in self.scenario.tiers:
             if name not in t.survives:
                 self.copies[t.name] = None
@@ -195,12 +304,11 @@ class TieredClusterJob(ClusterJob):
             if writer.is_alive:
                 writer.interrupt("failure")
         self.writers = {}
-        tier = jit_tier(self.scenario.tiers, name)
-        if tier is not None:  # saved just in time: the job resumes where it failed
-            at = self.done_s
+        if kind == "jit":  # saved just in time: the job resumes where it failed
+            at, tier = self.done_s, by
             self.copies[tier.name] = at
             self.counts[f"saves_{tier.name}"] += 1
-        else:
+        else:  # the newest surviving copy: the step's, or a scheduled tier's if newer
             at, tier = rollback(self.copies, self.scenario.tiers, name)
         self.t["lost"] += self.done_s - at
         self.counts[f"lost_by_{name}_s"] += self.done_s - at
@@ -209,7 +317,13 @@ class TieredClusterJob(ClusterJob):
             copy = self.copies[t.name]
             self.mark[t.name] = at if copy is None else copy
         self.committed_s = at
-        self.pending = (index, tier)
+        self.step_base = at
+        classes = self.scenario.failure_classes
+        fixed_s = classes[index].detection_s if classes else self.scenario.detection_s
+        detection = getattr(self.source, "detection_s", None)
+        detection_s = fixed_s if detection is None else detection(index, fixed_s)
+        self.detection_log.append(detection_s)
+        self.pending = (index, tier, detection_s)
         self.recovering = True
         self.last_failure_s = self.env.now
         if self.pool is not None:
@@ -224,16 +338,22 @@ class TieredClusterJob(ClusterJob):
 
     def run(self) -> dict:
         out = super().run()
+        if self.step is not None:  # its snapshots: one per step computed, rolled back or not
+            self.counts[f"saves_{self.step.name}"] = int(self.t["compute"] // self.step.step_s)
         out.update(self.counts)
         return out
 
 
 def run_tiered(scenario: Scenario, schedule, rng_or_seed, streams, failure_times=None) -> dict:
-    """One tiered replica from its streams (``streams.replica_streams``)."""
+    """One tiered replica from its streams (``streams.replica_streams``); ``failure_times``
+    replays a trace (an array, a ``ClassTrace``, or a function of the replica's GPU stream
+    giving one, as ``des_replicas.run_replica`` takes)."""
     gpu_rng, node_rng, other_rng = streams
-    if failure_times is not None:
-        raise InputError("trace replay with [[tier]] tables is not modelled yet")
     if schedule is None or isinstance(schedule, str):
         schedule = TierSchedule.for_scenario(scenario)  # the tiers' own interval_s
-    source = class_sources(scenario, gpu_rng, node_rng, rng_or_seed)
+    if failure_times is None:
+        source = class_sources(scenario, gpu_rng, node_rng, rng_or_seed)
+    else:
+        trace = failure_times(gpu_rng) if callable(failure_times) else failure_times
+        source = trace_sources(scenario, trace, rng_or_seed)
     return TieredClusterJob(scenario, schedule, source, other_rng).run()

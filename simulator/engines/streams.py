@@ -4,7 +4,8 @@ Replica ``i`` of a run seeded ``seed`` uses the ``i``-th child of ``SeedSequence
 (what ``SeedSequence.spawn`` would give, derived from the spawn key so that asking twice
 gives the same answer). Inside a replica, child 0 drives GPU (or job) failures and traces,
 child 1 node failures, child 2 everything else (repair times), child ``CLASSES + i`` the
-failures of a scenario's failure class i. Because the failure stream
+failures of a scenario's failure class i, whose own children 0 and 1 draw that class's
+detection times and its bursts' follow-ups (``class_parts``). Because the failure stream
 does not depend on the policy or on the engine, policies compared under one seed face the
 same failure stream (common random numbers) in either engine.
 """
@@ -19,6 +20,7 @@ __all__ = [
     "GPU",
     "NODE",
     "OTHER",
+    "class_parts",
     "class_streams",
     "replica_seed",
     "replica_seeds",
@@ -96,3 +98,13 @@ def class_streams(rng_or_seed, n: int) -> list[np.random.Generator]:
         return list(rng_or_seed.spawn(n))
     ss = _as_seed_sequence(rng_or_seed)
     return [np.random.default_rng(_child(ss, CLASSES + i)) for i in range(n)]
+
+
+def class_parts(class_rng: np.random.Generator) -> tuple[np.random.Generator, np.random.Generator]:
+    """The streams of a failure class's detection times and of its bursts' follow-ups: children
+    0 and 1 of the class's stream (``class_streams``). Spawning draws nothing from the class's
+    own stream, so its failure times stay what they are without detection draws or bursts;
+    each failure of the class takes the next detection time in order, so schedules compared on
+    one seed meet the same detection times too. Ask once per class stream."""
+    detection, bursts = class_rng.spawn(2)
+    return detection, bursts

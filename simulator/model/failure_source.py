@@ -10,6 +10,11 @@ The failure times depend only on the source's own random stream, never on what t
 doing, so two policies simulated with the same stream see exactly the same failures (common
 random numbers). ``TraceFailures`` (in ``simulator.model.trace``) replays recorded timestamps
 instead.
+
+``BurstFailures`` adds correlated bursts to one failure class: after each failure the lifetime
+model gives (a burst's first), a random number of further failures of the class follows within
+a window, drawn from a stream of their own, so the burst's first failures stay exactly those
+of the lifetime model (and common random numbers still hold).
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ import numpy as np
 from simulator.errors import InputError
 from simulator.model.failures import Empirical, Exponential, Lifetime, LogNormal, Weibull
 
-__all__ = ["ComponentFailures", "FailureSource", "MergedFailures", "stationary_residual"]
+__all__ = [
+    "BurstFailures",
+    "ComponentFailures",
+    "Draws",
+    "FailureSource",
+    "MergedFailures",
+    "stationary_residual",
+]
 
 _BATCH = 512
 
@@ -64,6 +76,24 @@ def stationary_residual(lifetime: Lifetime, rng: np.random.Generator, size: int)
     return (1.0 - u) * biased
 
 
+class Draws:
+    """Values of a distribution drawn from one stream in order, a batch at a time: the k-th
+    value asked for is the same whenever it is asked for, so two runs that ask for different
+    numbers of values share the ones both asked for (common random numbers)."""
+
+    def __init__(self, lifetime: Lifetime, rng: np.random.Generator):
+        self.lifetime, self.rng = lifetime, rng
+        self._fresh: list[float] = []
+
+    def next(self) -> float:
+        if not self._fresh:
+            # Drawing in batches keeps numpy's per-call overhead off each value. Reversed so
+            # pop() hands them out in draw order: a job-level lifetime then draws exactly the
+            # gaps simulator.engines.fast draws from the same stream (same history).
+            self._fresh = np.asarray(self.lifetime.sample(self.rng, _BATCH), float)[::-1].tolist()
+        return self._fresh.pop()
+
+
 class ComponentFailures:
     """Next failure among ``n`` independently ageing, replace-on-failure components."""
 
@@ -84,19 +114,34 @@ class ComponentFailures:
         # Only times matter: any failure consumes one spare and renews one part, whichever.
         self._heap: list[float] = first.tolist()
         heapq.heapify(self._heap)
-        self._fresh: list[float] = []
-
-    def _new_life(self) -> float:
-        if not self._fresh:
-            # Drawing lifetimes in batches keeps numpy's per-call overhead off each failure.
-            # Reversed so pop() hands them out in draw order: a job-level lifetime then draws
-            # exactly the gaps simulator.engines.fast draws from the same stream (same history).
-            self._fresh = np.asarray(self.lifetime.sample(self.rng, _BATCH), float)[::-1].tolist()
-        return self._fresh.pop()
+        self._new_life = Draws(lifetime, rng).next
 
     def next_failure_s(self) -> float:
         t = self._heap[0]
         heapq.heapreplace(self._heap, t + self._new_life())
+        return t
+
+
+class BurstFailures:
+    """A class's failures in bursts: each failure of ``source`` starts a burst, and
+    ``followups(rng)`` further failures follow it, each at a uniform time within
+    ``window_s`` after it (a Neyman–Scott cluster process: follow-ups start no bursts of their
+    own). Follow-ups are drawn from ``rng``, a stream of their own, when their burst starts."""
+
+    def __init__(self, source: FailureSource, followups, window_s: float, rng):
+        self.source, self.followups, self.window_s, self.rng = source, followups, window_s, rng
+        self._first = source.next_failure_s()  # the next burst's start
+        self._pending: list[float] = []  # follow-ups not yet handed out (a heap)
+
+    def next_failure_s(self) -> float:
+        if self._pending and self._pending[0] < self._first:
+            return heapq.heappop(self._pending)
+        t = self._first
+        if math.isfinite(t):
+            n = int(self.followups(self.rng))
+            for offset in self.rng.uniform(0.0, self.window_s, n).tolist():
+                heapq.heappush(self._pending, t + offset)
+        self._first = self.source.next_failure_s()
         return t
 
 

@@ -480,7 +480,7 @@ def _paths_from(data: dict[str, Any], folder: Path) -> None:
     """
     tables = [data, *(t for t in data.get("failure_class", []) if isinstance(t, dict))]
     for table in tables:
-        for key in ("failure", "repair"):
+        for key in ("failure", "repair", "detection"):
             spec = table.get(key)
             path = empirical_path(spec) if isinstance(spec, str) else None
             if path:

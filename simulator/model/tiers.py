@@ -1,15 +1,20 @@
 """Failure classes and checkpoint tiers: which failures a saved copy survives, and at what cost.
 
 A *failure class* is one kind of interruption with its own lifetime model (per GPU, per node
-or for the whole job, any family ``simulator.model.failures`` parses), detection time, restart cost
-and the number of nodes it takes down (0 for a crashed process whose host survives). The
-classes superpose: the job's failure rate is the sum of theirs.
+or for the whole job, any family ``simulator.model.failures`` parses), detection time (fixed,
+or drawn from any such family with ``detection_s`` as its mean), restart cost, the number of
+nodes it takes down (0 for a crashed process whose host survives), and optionally bursts
+(each failure followed by a random number of further ones within a window). The classes
+superpose: the job's failure rate is the sum of theirs.
 
 A *tier* is one place a checkpoint goes — host memory, a peer's memory, shared storage — with
 its save stall (or bytes and bandwidth), restore time, retention, and the set of classes its
-copy survives. A failure of class c rolls the job back to the newest completed checkpoint in
-any tier that survives c; the tier that is cheapest to save among those that survive c is
-"the tier c needs" for the first-order closed form (``analytic.tier_first_order``).
+copy survives. A tier is saved every so many seconds of compute (its interval), or just in
+time after a failure (``jit``), or after every training step (``every_step``, with a stall per
+step). A failure of class c rolls the job back to the newest completed checkpoint in any tier
+that survives c; ``served_by`` says which tier that is for the first-order closed form
+(``simulator.model.tier_plan``): a just-in-time tier, else an every-step tier, else the
+cheapest scheduled tier that survives c ("the tier c needs").
 
 A scenario without tiers or classes is today's single-tier, single-class model, unchanged.
 """
@@ -21,19 +26,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.model.failures import parse_failure
+from simulator.model.failures import Lifetime, parse_failure
 
 __all__ = [
     "FailureClass",
     "Tier",
-    "class_terms",
-    "first_order_plan",
+    "failure_cost_s",
+    "final_save_s",
+    "final_tiers",
     "jit_tier",
     "parse_classes",
     "parse_tiers",
+    "rollback",
+    "save_writers",
     "scheduled",
+    "served_by",
+    "step_overhead",
+    "step_tier",
     "write_time_s",
 ]
+
+BURST_COUNTS = ("poisson", "geometric")
+"""Distributions of a burst's follow-up count (``FailureClass.burst_count``)."""
+MAX_FOLLOWUPS = 1000.0
+"""Most follow-ups a burst may average: past it a burst is a failure storm, not a burst."""
 
 
 def _number(owner: str, name: str, value, unit: str, *, allow_zero: bool = False) -> None:
@@ -78,6 +94,21 @@ class FailureClass:
     """Time to reschedule and restart after detection, seconds (None: the scenario's)."""
     nodes_lost: int = 1
     """Nodes the failure takes down and a spare must replace (0: the host survives)."""
+    detection: str | None = None
+    """Detection-time family, spelled as ``failure`` (``exponential``, ``weibull:shape=K``,
+    ``lognormal:sigma=S`` or ``empirical:FILE``), with mean ``detection_s``: each failure's
+    detection time is drawn from it. None: every failure is noticed after exactly
+    ``detection_s``. The first-order plan uses the mean."""
+    burst_followups: float = 0.0
+    """Mean number of further failures of this class that follow each one its lifetime model
+    gives (a burst; 0: none). The lifetime fields give when bursts start, so the class fails
+    (1 + burst_followups) times as often as they alone say."""
+    burst_count: str = "poisson"
+    """Distribution of a burst's follow-up count, with mean ``burst_followups``: ``poisson``,
+    or ``geometric`` (more bursts with none and more with many)."""
+    burst_window_s: float | None = None
+    """A burst's follow-ups strike at uniform times within this many seconds after its first
+    failure (needed with ``burst_followups``)."""
 
     def __post_init__(self):
         owner = f"failure_class {_name('failure_class', self.name)!r}"
@@ -98,6 +129,77 @@ class FailureClass:
             parse_failure(self.failure, 3600.0)
         except InputError as exc:
             raise InputError(f"{owner}: {exc}") from None
+        self._check_detection(owner)
+        self._check_bursts(owner)
+
+    def _check_detection(self, owner: str) -> None:
+        if self.detection is None:
+            return
+        if not isinstance(self.detection, str):
+            raise InputError(
+                f"{owner}: detection must be a distribution such as 'lognormal:sigma=1', "
+                f"got {self.detection!r}"
+            )
+        if not self.detection_s > 0:
+            raise InputError(
+                f"{owner}: detection = {self.detection!r} needs detection_s > 0, its mean in "
+                "seconds"
+            )
+        try:
+            self.detection_times()
+        except InputError as exc:
+            raise InputError(f"{owner}: detection: {exc}") from None
+
+    def _check_bursts(self, owner: str) -> None:
+        _number(owner, "burst_followups", self.burst_followups, "failures", allow_zero=True)
+        _number(owner, "burst_window_s", self.burst_window_s, "seconds")
+        if self.burst_followups > MAX_FOLLOWUPS:
+            raise InputError(
+                f"{owner}: burst_followups must be at most {MAX_FOLLOWUPS:g} failures, got "
+                f"{self.burst_followups!r}"
+            )
+        if self.burst_count not in BURST_COUNTS:
+            raise InputError(
+                f"{owner}: burst_count must be {' or '.join(BURST_COUNTS)}, got "
+                f"{self.burst_count!r}"
+            )
+        if self.burst_followups > 0 and self.burst_window_s is None:
+            raise InputError(
+                f"{owner}: burst_followups needs burst_window_s, the seconds after a burst's "
+                "first failure within which its follow-ups strike"
+            )
+        if self.burst_followups == 0 and self.burst_window_s is not None:
+            raise InputError(
+                f"{owner}: burst_window_s needs burst_followups > 0 (the mean number of "
+                "further failures in a burst)"
+            )
+
+    def detection_times(self) -> Lifetime | None:
+        """The distribution each failure's detection time is drawn from (None: fixed)."""
+        if self.detection is None:
+            return None
+        return parse_failure(self.detection, self.detection_s)
+
+    def followups(self, rng) -> int:
+        """A burst's follow-up count, drawn with ``rng`` (mean ``burst_followups``)."""
+        m = self.burst_followups
+        if self.burst_count == "poisson":
+            return int(rng.poisson(m))
+        return int(rng.geometric(1.0 / (1.0 + m))) - 1  # failures before the first success
+
+    @property
+    def burst_span_s(self) -> float:
+        """Expected time from a burst's first failure to its last, seconds: the last of N
+        uniform follow-ups lies at window·N/(N+1) on average, so this is window·E[N/(N+1)]
+        (Poisson mean m: 1 − (1 − e^−m)/m; geometric: 1 − ln(1 + m)/m). 0 without bursts."""
+        m = self.burst_followups
+        if not m > 0:
+            return 0.0
+        if self.burst_count == "poisson":
+            share = 1.0 + math.expm1(-m) / m
+        else:
+            share = 1.0 - math.log1p(m) / m
+        return float(self.burst_window_s * share)
 
     def components(self, gpus: int | None, nodes: int | None) -> int:
         """How many independently failing units this class's MTBF is given for."""
@@ -109,10 +211,15 @@ class FailureClass:
             raise InputError(f"failure_class {self.name!r}: {unit} needs gpus to scale")
         return count
 
-    def rate_per_s(self, gpus: int | None, nodes: int | None) -> float:
-        """Long-run rate of this class's failures on the job, per second (renewal theorem)."""
+    def burst_rate_per_s(self, gpus: int | None, nodes: int | None) -> float:
+        """Long-run rate of the failures the lifetime model gives (each starts a burst, when
+        the class has bursts), per second (renewal theorem)."""
         mtbf_h = self.mtbf_h or self.gpu_mtbf_h or self.node_mtbf_h
         return self.components(gpus, nodes) / (mtbf_h * 3600.0)
+
+    def rate_per_s(self, gpus: int | None, nodes: int | None) -> float:
+        """Long-run rate of this class's failures on the job, follow-ups included, per second."""
+        return self.burst_rate_per_s(gpus, nodes) * (1.0 + self.burst_followups)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +252,15 @@ class Tier:
     """Just-in-time (Gupta et al., EuroSys 2024): never saved on a schedule; after a failure
     of a class it survives, the healthy data-parallel replicas save the state they hold (its
     ``checkpoint_s``, paid in the recovery) and the job resumes from it, losing no work."""
+    every_step: bool = False
+    """Saved after every training step (Gemini, SOSP 2023: to host memory with a copy on a peer,
+    overlapped with training), not on an interval: a failure it survives loses only the step
+    under way, and each step stalls training ``step_stall_s``. Takes no checkpoint_s."""
+    step_s: float | None = None
+    """Seconds of compute per training step (with ``every_step``)."""
+    step_stall_s: float | None = None
+    """Training stall each step's snapshot adds, seconds (with ``every_step``; 0 when the copy
+    hides entirely behind the next step's compute)."""
     implicit: bool = field(default=False, init=False, repr=False, compare=False)
     """Made by the scenario from its own save fields (failure classes without [[tier]] tables):
     rebuilt whenever the scenario is, never written back to a file."""
@@ -162,18 +278,24 @@ class Tier:
         _number(owner, "restore_s", self.restore_s, "seconds", allow_zero=True)
         _number(owner, "staging_s", self.staging_s, "seconds")
         _number(owner, "interval_s", self.interval_s, "seconds")
+        for flag in ("asynchronous", "jit", "every_step"):
+            if not isinstance(getattr(self, flag), bool):
+                shown = "async" if flag == "asynchronous" else flag
+                raise InputError(
+                    f"{owner}: {shown} must be true or false, got {getattr(self, flag)!r}"
+                )
+        if self.every_step:
+            self._check_every_step(owner)
+        elif self.step_s is not None or self.step_stall_s is not None:
+            raise InputError(f"{owner}: step_s and step_stall_s need every_step = true")
         by_bytes = self.checkpoint_bytes is not None and (
             self.write_bytes_per_s_per_node is not None or self.storage_bytes_per_s is not None
         )
-        if (self.checkpoint_s is None) == (not by_bytes):
+        if not self.every_step and (self.checkpoint_s is None) == (not by_bytes):
             raise InputError(
                 f"{owner}: give either checkpoint_s or checkpoint_bytes with a write bandwidth "
                 "(write_bytes_per_s_per_node or storage_bytes_per_s), not both or neither"
             )
-        if not isinstance(self.asynchronous, bool):
-            raise InputError(f"{owner}: async must be true or false, got {self.asynchronous!r}")
-        if not isinstance(self.jit, bool):
-            raise InputError(f"{owner}: jit must be true or false, got {self.jit!r}")
         if self.jit and (self.asynchronous or self.interval_s is not None):
             raise InputError(
                 f"{owner}: a jit tier is saved after a failure, not on a schedule: it takes "
@@ -185,8 +307,32 @@ class Tier:
             raise InputError(f"{owner}: retention must be a whole number, got {self.retention!r}")
         _number(owner, "retention", self.retention, "checkpoints")
 
+    def _check_every_step(self, owner: str) -> None:
+        _number(owner, "step_s", self.step_s, "seconds")
+        _number(owner, "step_stall_s", self.step_stall_s, "seconds", allow_zero=True)
+        if self.step_s is None or self.step_stall_s is None:
+            raise InputError(
+                f"{owner}: every_step needs step_s (seconds of compute per training step) and "
+                "step_stall_s (the stall each step's snapshot adds, seconds)"
+            )
+        given = [
+            k
+            for k in ("checkpoint_s", "checkpoint_bytes", "interval_s", "staging_s")
+            if getattr(self, k) is not None
+        ]
+        given += [k for k in ("asynchronous", "jit") if getattr(self, k)]
+        if given:
+            name = "async" if given[0] == "asynchronous" else given[0]
+            raise InputError(
+                f"{owner}: an every_step tier is saved after every step at step_stall_s a "
+                f"step: it takes no {name}"
+            )
+
     def write_s(self, writers: int) -> float:
-        """Time to write one checkpoint into this tier from ``writers`` nodes, seconds."""
+        """Time to write one checkpoint into this tier from ``writers`` nodes, seconds (an
+        every-step tier: its stall per step)."""
+        if self.every_step:
+            return float(self.step_stall_s)
         if self.checkpoint_s is not None:
             return float(self.checkpoint_s)
         return write_time_s(
@@ -202,8 +348,53 @@ class Tier:
 
 
 def scheduled(tiers) -> list[Tier]:
-    """The tiers saved on a schedule: all but the just-in-time ones."""
-    return [t for t in tiers if not t.jit]
+    """The tiers saved on an interval: all but the just-in-time and every-step ones."""
+    return [t for t in tiers if not (t.jit or t.every_step)]
+
+
+def step_tier(tiers) -> Tier | None:
+    """The tier saved after every training step (a scenario has at most one), or None."""
+    return next((t for t in tiers if t.every_step), None)
+
+
+def served_by(tiers, class_name: str) -> tuple[str, Any]:
+    """How a job comes back from a failure of ``class_name``, the one rule the first-order
+    plan and the budget share (the DES follows it: ``des_tiers``):
+
+    - ``("jit", tier)``: a just-in-time tier survives it; no work is lost, the recovery pays
+      the tier's save and restore;
+    - ``("step", tier)``: else an every-step tier survives it; the step under way is lost;
+    - ``("scheduled", tiers)``: else the work since the newest copy among the scheduled tiers
+      that survive it (an empty list: since the job's start).
+    """
+    jit = jit_tier(tiers, class_name)
+    if jit is not None:
+        return "jit", jit
+    step = step_tier(tiers)
+    if step is not None and class_name in step.survives:
+        return "step", step
+    return "scheduled", [t for t in scheduled(tiers) if class_name in t.survives]
+
+
+def failure_cost_s(kind: str, tier: Tier | None, recovery_s: float, writers: int) -> float:
+    """Seconds one failure costs beyond the work lost to a scheduled tier's interval: its
+    recovery (``tier_plan.class_terms``), the restore, and for a just-in-time tier its save, for an
+    every-step tier half a step of lost work (``served_by`` gives ``kind`` and ``tier``)."""
+    if tier is None:
+        return recovery_s
+    cost = recovery_s + tier.restore_s
+    if kind == "jit":
+        cost += tier.write_s(writers)
+    elif kind == "step":
+        cost += tier.step_s / 2.0
+    return cost
+
+
+def step_overhead(tiers) -> float:
+    """The share of compute time an every-step tier's stalls add (stall per step over the
+    step), 0 without one."""
+    step = step_tier(tiers)
+    return 0.0 if step is None else step.step_stall_s / step.step_s
 
 
 def jit_tier(tiers, class_name: str) -> Tier | None:
@@ -264,6 +455,12 @@ def parse_tiers(items) -> tuple[Tier, ...]:
             t = _build(Tier, "tier", t, {"async": "asynchronous"})
         out.append(t)
     _unique("tier", [t.name for t in out])
+    steps = [t.name for t in out if t.every_step]
+    if len(steps) > 1:
+        raise InputError(
+            f"tiers {steps[0]!r} and {steps[1]!r} are both saved every step; a job has one "
+            "training step: give one every_step tier"
+        )
     return tuple(out)
 
 
@@ -275,59 +472,16 @@ def _unique(kind: str, names: list[str]) -> None:
         seen.add(n)
 
 
-def first_order_plan(scenario) -> dict[str, Any]:
-    """The first-order tier intervals and waste of a scenario with tiers (``analytic``).
-
-    Each class's failures are charged to the cheapest tier (least save stall) that survives
-    them; its recovery is its detection and restart, that tier's restore and the warm-up. A
-    class a just-in-time tier survives loses no work: it pays that tier's save and restore in
-    its recovery, and the scheduled tiers' intervals leave it out.
-    Returns ``tier_intervals_s`` (tier name -> seconds; ``inf``: only the final save goes
-    there), ``rates_per_s`` (λℓ per tier) and ``waste_fraction``.
-    """
-    from simulator import analytic  # scipy: only when a closed form is asked for
-
-    if not scenario.tiers:
-        raise InputError("the tier closed form needs [[tier]] tables in the scenario")
-    writers = _writers(scenario)
-    costs = {t.name: t.stall_s(writers) for t in scheduled(scenario.tiers)}
-    rates = dict.fromkeys(costs, 0.0)
-    restart_cost = 0.0
-    for name, rate, recovery_s in class_terms(scenario):
-        jit = jit_tier(scenario.tiers, name)
-        if jit is not None:  # no work lost; the recovery pays the just-in-time save
-            restart_cost += rate * (recovery_s + jit.write_s(writers) + jit.restore_s)
-            continue
-        surviving = [t for t in scheduled(scenario.tiers) if name in t.survives]
-        if not surviving:
-            raise InputError(
-                f"no tier survives failure class {name!r}: each such failure would restart "
-                "the job from its beginning; add it to a tier's survives"
-            )
-        tier = min(surviving, key=lambda t: costs[t.name])
-        rates[tier.name] += rate
-        restart_cost += rate * (recovery_s + tier.restore_s)
-    tau, waste = analytic.tier_first_order(list(costs.values()), list(rates.values()), restart_cost)
-    return {
-        "tier_intervals_s": {n: float(x) for n, x in zip(costs, tau, strict=True)},
-        "rates_per_s": rates,
-        "waste_fraction": waste,
-    }
-
-
-def class_terms(scenario):
-    """(name, rate per second, detection + restart + warm-up seconds) of each class."""
-    from simulator.model.scenario import IMPLICIT_CLASS
-
-    if not scenario.failure_classes:
-        recovery = scenario.detection_s + scenario.restart_s + scenario.warmup_s
-        return [(IMPLICIT_CLASS, scenario.failure_rate_per_s, recovery)]
-    out = []
-    for c in scenario.failure_classes:
-        restart = scenario.restart_s if c.restart_s is None else c.restart_s
-        rate = c.rate_per_s(scenario.gpus, scenario.nodes)
-        out.append((c.name, rate, c.detection_s + restart + scenario.warmup_s))
-    return out
+def final_save_s(tiers, writers: int) -> float:
+    """The job's final save, seconds: the final tiers (``final_tiers``) each stall for their
+    save and, when asynchronous, the job waits for the write behind it too. Paid once per job,
+    so the first-order waste, a rate, leaves it out."""
+    return float(
+        sum(
+            t.stall_s(writers) + (t.write_s(writers) if t.asynchronous else 0.0)
+            for t in final_tiers(tiers)
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -362,6 +516,12 @@ class TierSchedule:
             raise InputError(
                 f"tier {jit[0]!r} is saved just in time, after a failure, not on a schedule: "
                 "it takes no interval"
+            )
+        step = sorted(set(overrides) & {t.name for t in scenario.tiers if t.every_step})
+        if step:
+            raise InputError(
+                f"tier {step[0]!r} is saved after every training step (every_step): it takes "
+                "no interval"
             )
         unknown = sorted(set(overrides) - set(names))
         if unknown:
@@ -410,106 +570,22 @@ def final_tiers(tiers) -> list:
     return [t for t in saved if not any(t.survives < u.survives for u in saved)]
 
 
-def single_tier_plan(scenario) -> dict[str, Any]:
-    """The best single-tier answer beside the tiered one: every save to the cheapest tier that
-    survives every class (the persistent one), at the first-order optimum for all failures."""
-    from simulator import analytic
-
-    writers = _writers(scenario)
-    terms = class_terms(scenario)
-    names = {name for name, _, _ in terms}
-    surviving = [t for t in scheduled(scenario.tiers) if names <= set(t.survives)]
-    if not surviving:
-        raise InputError("no tier survives every failure class: add one (the persistent tier)")
-    tier = min(surviving, key=lambda t: t.stall_s(writers))
-    rate = sum(r for _, r, _ in terms)
-    restart_cost = sum(r * (recovery_s + tier.restore_s) for _, r, recovery_s in terms)
-    tau, waste = analytic.tier_first_order([tier.stall_s(writers)], [rate], restart_cost)
-    return {"tier": tier.name, "interval_s": float(tau[0]), "waste_fraction": waste}
-
-
-def _jit_rates_per_h(scenario) -> dict[str, float]:
-    """Each just-in-time tier's failures per hour (the classes it serves)."""
-    out = {t.name: 0.0 for t in scenario.tiers if t.jit}
-    for name, rate, _ in class_terms(scenario):
-        jit = jit_tier(scenario.tiers, name)
-        if jit is not None:
-            out[jit.name] += rate * 3600.0
-    return out
-
-
-def _writers(scenario) -> int:
+def save_writers(scenario) -> int:
     """Nodes that write a save in parallel (the scenario's writer_nodes, else all)."""
     return scenario.writer_nodes or scenario.nodes or 1
 
 
-def what_it_assumes(scenario, tier: Tier) -> str:
-    """What a plan that saves to ``tier`` takes for granted, for a person: which failures a
-    copy there survives (so which hardware must hold it: host memory, a peer, shared
-    storage), and what a save and a restore cost."""
-    from simulator.model.scenario import IMPLICIT_CLASS
-
-    writers = _writers(scenario)
-    classes = sorted(c.name for c in scenario.failure_classes) or [IMPLICIT_CLASS]
-    survived = [c for c in classes if c in tier.survives]
-    lost = [c for c in classes if c not in tier.survives]
-    if tier.jit:
-        return (
-            f"{tier.name}: healthy replicas still hold the whole state after a "
-            f"{', '.join(survived)} failure and save it in {tier.checkpoint_s or 0.0:g} s "
-            f"(restore {tier.restore_s:g} s)"
-        )
-    cost = f"{tier.stall_s(writers):.3g} s stall per save, restore {tier.restore_s:g} s"
-    if not lost:
-        return f"{tier.name}: a copy every failure class leaves intact ({cost})"
-    return (
-        f"{tier.name}: a copy that outlives {', '.join(survived)} failures but not "
-        f"{', '.join(lost)} ({cost})"
-    )
+_PLANS = frozenset(
+    {"class_terms", "first_order_plan", "recommend_tiers", "single_tier_plan", "waste_at",
+     "what_it_assumes", "job_waste_fraction"}
+)  # fmt: skip
 
 
-def recommend_tiers(scenario) -> dict[str, Any]:
-    """Every tier's interval (first order) and its waste and money, with the best single-tier
-    answer beside it: the dict ``ckptsim optimize --json`` prints for a tiered scenario."""
-    from simulator.model import money
+def __getattr__(name: str):
+    # The closed forms live in simulator.model.tier_plan (which imports this module); their
+    # old home still gives them, loaded on first use.
+    if name in _PLANS:
+        from simulator.model import tier_plan
 
-    plan = first_order_plan(scenario)
-    single = single_tier_plan(scenario)
-    if plan["waste_fraction"] >= 1.0:
-        raise InputError(
-            f"this job would make no headway: even at the tiers' first-order intervals, saves, "
-            f"lost work and restarts would take {plan['waste_fraction']:.3g}x the wall time "
-            "(at most 1); make saves or restarts cheaper, or failures rarer"
-        )
-    out: dict[str, Any] = {
-        "scenario": scenario.to_dict(),
-        "method": "first-order multi-tier optimum (Benoit et al., IEEE TC 2017)",
-        "tier_intervals_s": plan["tier_intervals_s"],
-        "tier_failure_rates_per_h": {k: v * 3600.0 for k, v in plan["rates_per_s"].items()},
-        "jit_failure_rates_per_h": _jit_rates_per_h(scenario),
-        "optimal_waste_fraction": plan["waste_fraction"],
-        "single_tier": single["tier"],
-        "single_tier_interval_s": single["interval_s"],
-        "single_tier_waste_fraction": single["waste_fraction"],
-        "assumes": {
-            "tiers": [what_it_assumes(scenario, t) for t in scenario.tiers],
-            "single_tier": what_it_assumes(
-                scenario, next(t for t in scenario.tiers if t.name == single["tier"])
-            ),
-        },
-        "warnings": [
-            f"failure class {c.name!r} is {c.failure}: the first-order plan assumes exponential "
-            "failures; --simulate finds the intervals for the family itself"
-            for c in scenario.failure_classes
-            if not c.failure.strip().lower().startswith("exponential")
-        ],
-    }
-    if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
-        per_day = {
-            key: float(money.usd_lost_per_day(scenario.gpus, scenario.usd_per_gpu_hour, w))
-            for key, w in (("tiers", plan["waste_fraction"]), ("single", single["waste_fraction"]))
-        }
-        out["usd_lost_per_day"] = per_day["tiers"]
-        out["single_tier_usd_lost_per_day"] = per_day["single"]
-        out["usd_saved_per_day"] = per_day["single"] - per_day["tiers"]
-    return out
+        return getattr(tier_plan, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,23 +9,51 @@ trace, and the trace simply runs out (no more failures) after its last entry.
 one column of failure times, numbers since the job's start or dates from the first) into
 such an array; ``TraceStart`` makes each replica replay it from its own random start, so
 replicas of a trace differ.
+
+For a scenario with failure classes every replayed failure needs its class: ``read_causes``
+reads the log's cause column (the one ``ckptsim fit`` reads), ``classes_of`` maps each cause
+to a class name (the cause itself when it is a class's name, else a CAUSE=CLASS mapping;
+an unmapped cause is an error), and a ``ClassTrace`` carries the times with their classes.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from simulator.errors import InputError
 
-__all__ = ["TraceFailures", "TraceStart", "coverage", "read_trace", "trace_mtbf_s"]
+__all__ = [
+    "ClassTrace",
+    "TraceFailures",
+    "TraceStart",
+    "classes_of",
+    "coverage",
+    "read_causes",
+    "read_trace",
+    "trace_mtbf_s",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class ClassTrace:
+    """Replayed failure times (s since the job's start, sorted) and each one's failure class
+    (a name of the scenario's ``[[failure_class]]`` tables)."""
+
+    times_s: np.ndarray
+    classes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.times_s)
 
 
 class TraceFailures:
-    """A ``FailureSource`` that replays sorted failure timestamps (seconds)."""
+    """A ``FailureSource`` that replays sorted failure timestamps (seconds); with ``classes``
+    (one per timestamp) ``next_failure`` also says each failure's class."""
 
-    def __init__(self, times_s, *, start_s: float = 0.0):
+    def __init__(self, times_s, *, start_s: float = 0.0, classes=None):
         times = np.asarray(times_s, dtype=float).ravel()
         if not np.all(np.isfinite(times)):
             raise InputError("failure trace timestamps must be finite seconds")
@@ -34,7 +62,15 @@ class TraceFailures:
         if not math.isfinite(start_s):
             raise InputError(f"trace start_s must be a finite number of seconds, got {start_s!r}")
         # Failures before the job starts cannot hit it.
-        self._times = (times[times >= start_s] - start_s).tolist()
+        kept = times >= start_s
+        self._times = (times[kept] - start_s).tolist()
+        if classes is None:
+            self._classes = [0] * len(self._times)
+        else:
+            classes = np.asarray(classes).ravel()
+            if classes.shape != times.shape:
+                raise InputError("a failure trace needs one class for each timestamp")
+            self._classes = classes[kept].tolist()
         self._next = 0
 
     def __len__(self) -> int:
@@ -46,6 +82,13 @@ class TraceFailures:
         self._next += 1
         return self._times[self._next - 1]
 
+    def next_failure(self) -> tuple[float, object]:
+        """The next failure time and its class (``math.inf`` and 0 when there are no more)."""
+        if self._next >= len(self._times):
+            return math.inf, 0
+        self._next += 1
+        return self._times[self._next - 1], self._classes[self._next - 1]
+
 
 def coverage(failure_times, walls_h) -> dict | None:
     """How replicas of ``walls_h`` hours sat in a trace replayed from its start (failure times
@@ -53,6 +96,8 @@ def coverage(failure_times, walls_h) -> dict | None:
     ``span_h`` to its last failure, ``first_h`` to its first after time 0 (None if none),
     ``past_end`` replicas that ran beyond the last (optimistic: no failures came there),
     ``longest_h`` and ``replicas``."""
+    if isinstance(failure_times, ClassTrace):
+        failure_times = failure_times.times_s
     if not isinstance(failure_times, np.ndarray) or not failure_times.size:
         return None
     walls = np.asarray(walls_h, dtype=float)
@@ -76,6 +121,22 @@ def read_trace(path, *, time_column: str | None = None, unit: str = "h") -> np.n
     pandas; the job starts at the first of them (that row marks the start, it is not a failure
     that hits the job).
     """
+    return _read(path, time_column, unit, None)[0]
+
+
+def read_causes(
+    path, *, time_column: str | None = None, unit: str = "h", cause_column: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The failure times of :func:`read_trace` and each one's cause (as text, in the same
+    order), from the log's cause column (``cause_column``, or one ``ckptsim fit`` recognises
+    by name: cause, category, reason, type). A row without a cause is an error."""
+    times, causes = _read(path, time_column, unit, cause_column or "")
+    return times, causes
+
+
+def _read(path, time_column, unit, cause_column):
+    """(times, causes or None) of the log; ``cause_column`` None: no causes, "": the one the
+    log's column names give."""
     from simulator.fitting.faillog import UNITS, parse_times, pick_column, read_table
 
     if unit not in UNITS:
@@ -85,18 +146,57 @@ def read_trace(path, *, time_column: str | None = None, unit: str = "h") -> np.n
     if df.empty:
         raise InputError(f"{where}: the failure log has no rows")
     column = pick_column(df, "time", time_column, required=True)
-    values = df[column].dropna()
-    if values.empty:
+    df = df[df[column].notna()]
+    if df.empty:
         raise InputError(f"{where}: column {column!r} holds no failure times")
-    seconds, dates = parse_times(values, column, UNITS[unit])
-    seconds = np.sort(seconds)
+    causes = None
+    if cause_column is not None:
+        named = pick_column(df, "cause", cause_column or None, required=True)
+        if named == column:
+            raise InputError(f"{where}: column {named!r} cannot hold both times and causes")
+        blank = df[named].isna() | (df[named].astype(str).str.strip() == "")
+        if blank.any():
+            row = int(np.flatnonzero(blank.to_numpy())[0]) + 1
+            raise InputError(f"{where}: column {named!r} row {row}: a failure with no cause")
+        causes = df[named].astype(str).str.strip().to_numpy()
+    seconds, dates = parse_times(df[column], column, UNITS[unit])
+    order = np.argsort(seconds, kind="stable")
+    seconds = seconds[order]
+    if causes is not None:
+        causes = causes[order]
     if dates:
         seconds = (seconds - seconds[0])[1:]
+        causes = None if causes is None else causes[1:]
     if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
         raise InputError(f"{where}: failure times must be finite and not negative")
     if seconds.size < 1 or seconds[-1] <= 0:
         raise InputError(f"{where}: the log holds no failure after the job's start")
-    return seconds
+    return seconds, causes
+
+
+def classes_of(causes, classes, mapping: dict[str, str] | None = None) -> np.ndarray:
+    """Each cause's failure class: ``mapping[cause]`` (cause -> class name) where given, else
+    the cause itself when it names a class. One-line errors for a mapping to no class and for
+    causes that map to none (the first few named, with how to map them)."""
+    names = list(classes)
+    mapping = dict(mapping or {})
+    bad = sorted({v for v in mapping.values() if v not in names})
+    if bad:
+        raise InputError(
+            f"--cause-class maps to {bad[0]!r}, which is no failure class of the scenario "
+            f"(classes: {', '.join(names)})"
+        )
+    causes = np.asarray(causes, dtype=object)
+    out = np.array([mapping.get(c, c) for c in causes.tolist()], dtype=object)
+    unmapped = sorted({c for c in causes.tolist() if mapping.get(c, c) not in names})
+    if unmapped:
+        shown = ", ".join(repr(c) for c in unmapped[:5]) + (" ..." if len(unmapped) > 5 else "")
+        raise InputError(
+            f"{len(unmapped)} cause{'s' if len(unmapped) > 1 else ''} in the trace map to no "
+            f"failure class ({shown}): map each with --cause-class CAUSE=CLASS (classes: "
+            f"{', '.join(names)})"
+        )
+    return out
 
 
 def trace_mtbf_s(times_s) -> float:
@@ -113,11 +213,17 @@ class TraceStart:
     processes and both engines take it as ``failure_times``.
     """
 
-    def __init__(self, times_s, keep_s: float = 0.0):
-        self.times = np.sort(np.asarray(times_s, dtype=float))
+    def __init__(self, times_s, keep_s: float = 0.0, classes=None):
+        times = np.asarray(times_s, dtype=float)
+        order = np.argsort(times, kind="stable")
+        self.times = times[order]
+        self.classes = None if classes is None else np.asarray(classes, dtype=object)[order]
         self.span = float(self.times[-1]) if self.times.size else 0.0
         self.keep_s = max(0.0, min(float(keep_s), self.span))
 
-    def __call__(self, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, rng: np.random.Generator):
         start = rng.uniform(0.0, self.span - self.keep_s)
-        return self.times[self.times >= start] - start
+        kept = self.times >= start
+        if self.classes is None:
+            return self.times[kept] - start
+        return ClassTrace(self.times[kept] - start, self.classes[kept])
