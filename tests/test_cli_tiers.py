@@ -370,3 +370,92 @@ def test_every_strategy_says_what_it_assumes_in_the_table_and_the_json(capsys, t
         "jit: healthy replicas still hold the whole state after a process failure and save it "
         "in 60 s (restore 10 s)"
     )
+
+
+def _measured_profile(path):
+    """A cost profile as ``ckptsim bench --out`` writes it: a synchronous format (torch) and an
+    asynchronous one (ckptsim-async, staging at 4 GB/s), 200 MB/s writes, 400 MB/s reads."""
+    from simulator.model.checkpoint_cost import CostProfile
+
+    samples = []
+    for params in (1e7, 1e8, 1e9):
+        nbytes = params * 12
+        row = {"dtype": "fp32", "params": params, "tensor_bytes": nbytes, "bytes": nbytes,
+               "save_s": 0.5 + nbytes / 2e8, "load_s": 0.5 + nbytes / 4e8}  # fmt: skip
+        samples += [
+            row | {"format": "torch", "stall_s": None},
+            row | {"format": "ckptsim-async", "stall_s": 0.01 + nbytes / 4e9},
+        ]
+    CostProfile.from_samples(samples, {"cpu_count": 2}).save(path)
+    return CostProfile.load(path)
+
+
+def test_a_measured_profile_replaces_the_save_and_restore_of_the_tier_it_measured(
+    capsys, tmp_path, toml
+):
+    from simulator.model.tier_plan import first_order_plan
+    from simulator.model.tiers import with_measured_tier
+
+    profile = _measured_profile(tmp_path / "profile.json")
+    job = ["optimize", "--scenario", str(toml), "--profile", str(tmp_path / "profile.json"),
+           "--params", "70e9"]  # fmt: skip
+    code, out, err = run(capsys, *job, "--format", "torch", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    scenario = load_scenario(str(toml))
+    cost = profile.predict(params=70e9, nodes=scenario.nodes, format="torch")
+    assert got["measured_cost"]["tier"] == "persistent"  # the one tier surviving every class
+    assert got["measured_cost"]["stall_s"] == pytest.approx(cost.stall_s)
+    measured = with_measured_tier(scenario, "persistent", cost)
+    tier = next(t for t in measured.tiers if t.name == "persistent")
+    assert tier.checkpoint_s == pytest.approx(cost.write_s) and not tier.asynchronous
+    assert tier.restore_s == pytest.approx(cost.restore_s)
+    # The plan is the closed form of the measured tier, not of the table's 60 s save.
+    plan = first_order_plan(measured)["tier_intervals_s"]
+    assert got["tier_intervals_s"] == pytest.approx(plan)
+    assert got["tier_intervals_s"] != pytest.approx(first_order_plan(scenario)["tier_intervals_s"])
+    # An asynchronous format makes the tier asynchronous: it stalls for the staging copy only.
+    code, out, _ = run(capsys, *job, "--format", "ckptsim-async", "--json")
+    assert code == 0
+    fast = profile.predict(params=70e9, nodes=scenario.nodes, format="ckptsim-async")
+    assert fast.stall_s < fast.write_s
+    measured = with_measured_tier(scenario, "persistent", fast)
+    tier = next(t for t in measured.tiers if t.name == "persistent")
+    assert tier.asynchronous and tier.staging_s == pytest.approx(fast.stall_s)
+    assert tier.checkpoint_s == pytest.approx(fast.write_s)
+    got = json.loads(out)
+    assert got["measured_cost"]["stall_s"] == pytest.approx(fast.stall_s)
+    plan = first_order_plan(measured)["tier_intervals_s"]  # the memory tier: never (inf: null)
+    assert got["tier_intervals_s"] == {k: None if math.isinf(v) else pytest.approx(v)
+                                       for k, v in plan.items()}  # fmt: skip
+    # The human table says which tier was measured and what replaced the table's numbers.
+    code, out, _ = run(capsys, *job, "--format", "torch")
+    assert code == 0 and "measured cost of persistent (torch in" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--profile-tier", "nosuch"], "no tier named 'nosuch'"),
+        (["--profile-tier", "memory", "--params", "70e9"], None),  # any scheduled tier may be
+        (["--params", "70e9", "--checkpoint-s", "5"], "does not reach the scenario's [[tier]]"),
+    ],
+)
+def test_the_profiled_tier_is_named_or_found_and_bad_names_are_one_line(
+    capsys, tmp_path, toml, extra, fragment
+):
+    _measured_profile(tmp_path / "p.json")
+    args = ["optimize", "--scenario", str(toml), "--profile", str(tmp_path / "p.json"),
+            "--format", "torch", "--json", *extra]  # fmt: skip
+    if "--params" not in extra:
+        args += ["--params", "70e9"]
+    code, out, err = run(capsys, *args)
+    if fragment is None:
+        assert code == 0 and json.loads(out)["measured_cost"]["tier"] == "memory"
+    else:
+        assert code == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_profile_tier_without_a_profile_is_refused(capsys, toml):
+    code, _, err = run(capsys, "optimize", "--scenario", str(toml), "--profile-tier", "memory")
+    assert code == 2 and "--profile-tier needs --profile FILE" in err

@@ -86,6 +86,12 @@ def register(subparsers) -> None:
         "--params", type=positive_float("parameters"), metavar="P", help="model size, e.g. 70e9"
     )
     measured.add_argument("--format", help="format in the profile to use (default ckptsim)")
+    measured.add_argument(
+        "--profile-tier",
+        metavar="NAME",
+        help="with [[tier]] tables: the tier the profile measured (default: the one tier that "
+        "survives every failure class); its save, write and restore times are replaced",
+    )
     sim = parser.add_argument_group(
         "simulation",
         "--simulate also finds the optimum by discrete-event simulation under common random "
@@ -108,7 +114,7 @@ def apply_profile(args: argparse.Namespace, scenario):
     predicted cost as a dict, or the scenario unchanged and None without --profile.
     """
     if not getattr(args, "profile", None):
-        for flag in ("params", "format"):
+        for flag in ("params", "format", "profile_tier"):
             if getattr(args, flag, None) is not None:
                 raise InputError(
                     f"--{flag.replace('_', '-')} needs --profile FILE (a cost profile from "
@@ -127,23 +133,29 @@ def apply_profile(args: argparse.Namespace, scenario):
     import dataclasses
 
     from simulator.model.checkpoint_cost import CostProfile
+    from simulator.model.tiers import with_measured_tier
 
     nodes = scenario.nodes or 1
+    tier = _profiled_tier(args, scenario) if scenario.tiers else None
+    cap = scenario.storage_bytes_per_s
+    if tier is not None and tier.storage_bytes_per_s is not None:
+        cap = tier.storage_bytes_per_s
     predicted = CostProfile.load(args.profile).predict(
-        params=args.params,
-        nodes=nodes,
-        format=args.format,
-        aggregate_bytes_per_s=scenario.storage_bytes_per_s,
+        params=args.params, nodes=nodes, format=args.format, aggregate_bytes_per_s=cap
     )
-    # The prediction has the storage cap in it already: left in the scenario, the cap would
-    # turn checkpoint_bytes back into a write time of its own and replace the measured one.
-    scenario = dataclasses.replace(
-        scenario,
-        checkpoint_s=predicted.stall_s,
-        restart_s=scenario.restart_s + predicted.restore_s,
-        checkpoint_bytes=predicted.bytes,
-        storage_bytes_per_s=None,
-    )
+    if tier is not None:
+        scenario = with_measured_tier(scenario, tier.name, predicted)
+    else:
+        # The prediction has the storage cap in it already: left in the scenario, the cap
+        # would turn checkpoint_bytes back into a write time of its own and replace the
+        # measured one.
+        scenario = dataclasses.replace(
+            scenario,
+            checkpoint_s=predicted.stall_s,
+            restart_s=scenario.restart_s + predicted.restore_s,
+            checkpoint_bytes=predicted.bytes,
+            storage_bytes_per_s=None,
+        )
     info = {
         "profile": str(args.profile),
         "format": args.format,
@@ -156,6 +168,8 @@ def apply_profile(args: argparse.Namespace, scenario):
         "aggregate_bytes_per_s": predicted.aggregate_bytes_per_s,
         "warnings": list(predicted.warnings),
     }
+    if tier is not None:
+        info["tier"] = tier.name
     for warning in predicted.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return scenario, info
@@ -270,23 +284,49 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profiled_tier(args: argparse.Namespace, scenario):
+    """The tier ``--profile`` measured: ``--profile-tier``, else the one scheduled tier that
+    survives every failure class (the persistent one, which a benchmark of a disk measures)."""
+    from simulator.model.tier_plan import class_terms
+    from simulator.model.tiers import scheduled
+
+    saved = scheduled(scenario.tiers)
+    if args.profile_tier is not None:
+        tier = next((t for t in scenario.tiers if t.name == args.profile_tier), None)
+        if tier is None:
+            names = ", ".join(t.name for t in scenario.tiers)
+            raise InputError(f"--profile-tier: no tier named {args.profile_tier!r} ({names})")
+        if tier not in saved:
+            raise InputError(
+                f"--profile-tier {tier.name}: a profile measures a save on a schedule, and "
+                f"{tier.name} is saved {'just in time' if tier.jit else 'every step'}"
+            )
+        return tier
+    classes = {name for name, _, _ in class_terms(scenario)}
+    every = [t for t in saved if classes <= t.survives]
+    if len(every) != 1:
+        raise InputError(
+            "--profile with [[tier]] tables: name the tier it measured with --profile-tier "
+            f"({', '.join(t.name for t in saved)})"
+        )
+    return every[0]
+
+
 def _run_tiers(args: argparse.Namespace, scenario) -> int:
     """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside."""
     from simulator.cli.common import print_json
     from simulator.model.tier_plan import recommend_tiers
     from simulator.model.tiers import final_tiers
 
-    if getattr(args, "profile", None):
-        raise InputError(
-            "--profile with [[tier]] tables is not modelled yet: give each tier's checkpoint_s "
-            "or bytes and bandwidths in its table"
-        )
     if args.step_s is not None:
         raise InputError(
             "--step-s with [[tier]] tables is not modelled yet: the tiers' intervals are given "
             "in seconds of compute"
         )
+    scenario, measured = apply_profile(args, scenario)
     result = recommend_tiers(scenario)
+    if measured:
+        result["measured_cost"] = measured
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     if args.simulate:
@@ -351,6 +391,15 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
             "saves at these rates (first order)."
         )
     lines.append("Recommendation: " + advice)
+    if measured:
+        lines += textwrap.wrap(
+            f"measured cost of {measured['tier']} ({measured['format']} in "
+            f"{measured['profile']}): {measured['params']:.3g} parameters over "
+            f"{measured['nodes']:,} nodes -> stall {measured['stall_s']:.3g} s, write "
+            f"{measured['write_s']:.3g} s, restore {measured['restore_s']:.3g} s (replacing the "
+            "table's)",
+            96,
+        )
     if result["final_save_s"]:
         job = result["job_waste_fraction"]
         text = (

@@ -199,13 +199,13 @@ def what_it_assumes(scenario, tier: Tier) -> str:
         return (
             f"{tier.name}: healthy replicas still hold the whole state after a "
             f"{', '.join(survived)} failure and save it in {tier.checkpoint_s or 0.0:g} s "
-            f"(restore {tier.restore_s:g} s)"
+            f"(restore {tier.restore_s:.3g} s)"
         )
-    cost = f"{tier.stall_s(writers):.3g} s stall per save, restore {tier.restore_s:g} s"
+    cost = f"{tier.stall_s(writers):.3g} s stall per save, restore {tier.restore_s:.3g} s"
     if tier.every_step:
         cost = (
             f"a snapshot after every {tier.step_s:g} s step, {tier.step_stall_s:.3g} s stall "
-            f"each, restore {tier.restore_s:g} s; a failure loses the step under way"
+            f"each, restore {tier.restore_s:.3g} s; a failure loses the step under way"
         )
     if not lost:
         return f"{tier.name}: a copy every failure class leaves intact ({cost})"

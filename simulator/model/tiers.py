@@ -22,7 +22,7 @@ A scenario without tiers or classes is today's single-tier, single-class model, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simulator.errors import InputError
@@ -43,6 +43,7 @@ __all__ = [
     "served_by",
     "step_overhead",
     "step_tier",
+    "with_measured_tier",
     "write_time_s",
 ]
 
@@ -573,6 +574,35 @@ def final_tiers(tiers) -> list:
 def save_writers(scenario) -> int:
     """Nodes that write a save in parallel (the scenario's writer_nodes, else all)."""
     return scenario.writer_nodes or scenario.nodes or 1
+
+
+def with_measured_tier(scenario, name: str, cost):
+    """``scenario`` with tier ``name``'s save and restore replaced by a measured cost (a
+    ``checkpoint_cost.CheckpointCost``: a ``ckptsim bench`` profile extrapolated to the job).
+
+    The tier writes for ``cost.write_s`` and restores in ``cost.restore_s``; it is
+    asynchronous, staging for ``cost.stall_s``, when the measured format stalls for less than
+    its write (an async format), else synchronous. The tier's own bytes and bandwidths give way
+    to the measurement, which has the storage cap in it already. A scenario's own save made
+    into a tier (failure classes without [[tier]] tables) becomes a tier of its own.
+    """
+    asynchronous = cost.stall_s < cost.write_s
+    tiers = tuple(
+        replace(
+            t,
+            checkpoint_s=float(cost.write_s),
+            checkpoint_bytes=None,
+            write_bytes_per_s_per_node=None,
+            storage_bytes_per_s=None,
+            restore_s=float(cost.restore_s),
+            asynchronous=asynchronous,
+            staging_s=float(cost.stall_s) if asynchronous else None,
+        )
+        if t.name == name
+        else t
+        for t in scenario.tiers
+    )
+    return replace(scenario, tiers=tiers)
 
 
 _PLANS = frozenset(
