@@ -237,13 +237,15 @@ BAD_LOGS = {
     "negative duration": ("duration,event\n3,1\n-2,1\n5,0\n", "negative duration"),
     "unparseable time": ("time,node\n2024-01-01,a\nyesterday-ish,b\n2024-01-03,a\n", "parse"),
     "all censored": ("duration,event\n3,0\n4,0\n5,0\n", "censored"),
-    "single-event cause": (
-        "time,cause\n1,hw\n2,hw\n3,sw\n4,hw\n6,hw\n",
-        "single failure",
-    ),
     "not a table": ("\x00\x01garbage", "row"),
     "a blank time": ("time,node\n2024-01-01,a\n,b\n2024-01-03,a\n2024-01-04,b\n", "blank"),
-    "every failure as long": ("duration,event\n5,1\n5,1\n5,1\n5,0\n", "same time"),
+    "a blank event flag": ("duration,event\n5,1\n6,\n7,0\n", "row 2: the failed/censored flag"),
+    "a blank duration": ("duration,event\n5,1\n,1\n7,0\n", "row 2: a blank is not a number"),
+    "a duration of 1e300": ("duration,event\n5,1\n1e300,1\n7,0\n", "more than 100 years"),
+    "a duration of 1e308": ("duration,event\n5,1\n1e308,1\n7,0\n", "more than 100 years"),
+    "a negative repair": ("time,repair\n1,2\n2,-3\n4,1\n", "row 2: -3 is a negative repair"),
+    "a node column all blank": ("time,node\n1,\n2,\n4,\n", "blank on every row"),
+    "an empty header": ("a,b\n", "no rows"),
 }
 
 
@@ -313,22 +315,41 @@ def _eight_failures(tmp_path):
 def test_an_end_centuries_past_the_log_is_one_line_not_an_overflow(capsys, tmp_path):
     # The CLI fuzz found --end 1e300 (and 1e12 h) raising OverflowError out of the CI math.
     log = _eight_failures(tmp_path)
-    for end in ("1e300", "1e12", "2200-01-01"):
-        code, out, err = run_cli(capsys, log, "--end", end)
+    code, out, err = run_cli(capsys, log, "--end", "2200-01-01")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "at most 100 years" in err
+    assert run_cli(capsys, log, "--end", "2030-01-01")[0] == 0
+    numbers = tmp_path / "n.csv"
+    numbers.write_text("time\n1\n2\n5\n9\n12\n")
+    for end in ("1e300", "1e12"):
+        code, out, err = run_cli(capsys, numbers, "--end", end)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
         assert "at most 100 years" in err
-    assert run_cli(capsys, log, "--end", "2030-01-01")[0] == 0
+
+
+def test_a_number_as_the_end_of_a_log_of_dates_is_refused_not_read_as_hours_since_1970(
+    capsys, tmp_path
+):
+    # Was: --end 5000 on dates meant 5000 h after 1970-01-01, before every failure.
+    log = _eight_failures(tmp_path)
+    for end in ("5000", "1e300", "1e12"):
+        code, out, err = run_cli(capsys, log, "--end", end)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert f"--end {end} is a number, but the log's times are dates" in err
 
 
 def test_a_best_fit_no_simulation_can_sample_gives_way_to_the_next_best(capsys, tmp_path):
     # A long censored tail makes lognormal win with sigma above 5, which --failure refuses:
-    # --scenario-out was a one-line refusal and no scenario; now the next best, said so.
+    # --scenario-out was a one-line refusal and no scenario; now the next best, said so. The
+    # Weibull after it puts its mean 500x past the log's own rate, so it is passed over too.
     log = _eight_failures(tmp_path)
     out = tmp_path / "s.toml"
     code, _, err = run_cli(capsys, log, "--end", "2100-01-01", "--scenario-out", str(out))
     assert code == 0, err
     assert "passed over a better fit no simulation can sample: lognormal:sigma=" in err
-    assert "weibull" in out.read_text() and "Passed over a better fit" in out.read_text()
+    assert "passed over a better fit whose mean the log does not support: weibull:" in err
+    text = out.read_text()
+    assert 'failure = "exponential"' in text and "Passed over a better fit" in text
     assert main(["optimize", "--scenario", str(out)]) == 0
 
 
