@@ -222,7 +222,8 @@ class _Columns:
             self.explicit.add(role)
 
     def given(self, role: str) -> bool:
-        return role in self.chosen
+        """Whether a flag named the role's column (or said there is none)."""
+        return role in self.explicit or role in self.off
 
     def find(self, role: str):
         """The column of ``role`` (None: none), detecting it if no flag named it."""
@@ -231,6 +232,14 @@ class _Columns:
         taken = {c for c in self.chosen.values() if c is not None}
         free = [c for c in self.cols if c not in taken]
         exact = [c for c in free if _key(c) in _EXACT[role]]
+        if not exact:
+            for other in self.explicit:
+                col = self.chosen[other]
+                if _key(col) in _EXACT[role] and role in ("time", "duration"):
+                    raise InputError(
+                        f"{_FLAG[other]} names column {str(col)!r}, {_WHAT[role]} by its "
+                        f"name; name another column, or give {_FLAG[role]} too"
+                    )
         found = exact or [c for c in free if _word_role(c) == role and _key(c) not in _ANY_EXACT]
         if len(found) > 1:
             names = " and ".join(repr(str(c)) for c in found[:3])
@@ -377,6 +386,12 @@ def parse_times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
         numeric = pd.to_numeric(series, errors="coerce")
         if numeric.notna().all():
             return _number_seconds(series, column, unit_s, "time"), False
+        if numeric.notna().mean() > 0.5:  # mostly numbers: the others are the odd ones out
+            i = int(np.flatnonzero(numeric.isna().to_numpy())[0])
+            raise InputError(
+                f"column {column!r} row {i + 1}: {show_value(series.iloc[i])} is not a number, "
+                "though most of the column's times are (numbers in --unit, or all dates)"
+            )
         # utc=True: offsets may differ row to row (a DST change, two sites).
         parsed = pd.to_datetime(series, errors="coerce", format="mixed", utc=True)
         if parsed.isna().any():
