@@ -235,10 +235,10 @@ def _print_text(args, result) -> None:
         )
     print(f"best (lowest AIC): {result['best']}")
     if "repair" in result:
-        print(f"\nrepair/down time ({result['repair']['events']} failures, in {runit}):")
+        print(f"\nrepair/down time ({result['repair']['events']:,} failures, in {runit}):")
         print(fits_table(result["repair"]["fits"], ru, runit))
     for name, sub in result.get("causes", {}).items():
-        print(f"\ncause {name}: {sub['events']} failures (others censored), best {sub['best']}")
+        print(f"\ncause {name}: {sub['events']:,} failures (others censored), best {sub['best']}")
         print(fits_table(sub["fits"], u, args.unit))
         if "repair" in sub:
             print(f"repair/down time, cause {name} (in {runit}): best {sub['repair']['best']}")
@@ -310,13 +310,20 @@ def run(args) -> int:
                 f"--gpus {args.gpus} is not written: this log's gaps are the whole system's, so "
                 "the scenario has the system's mtbf_h (see the file's header on adding gpus)"
             )
+        if not system_gaps and args.gpus is None and log.components:
+            notes.append(
+                f"the scenario's job has the log's {log.components:,} components (gpus = "
+                f"{log.components}); units that never failed are not in a log of failures: "
+                "give --gpus N for the job's real size"
+            )
         fixed = {k: getattr(args, k) for k in ("checkpoint_s", "restart_s", "work_h")}
         data = scenario_from_fit(log, result, name=scenario_out.stem, gpus=args.gpus, **fixed)
         chosen = result.pop("scenario_fit")
         header = [
             f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by AIC "
             f"whose mean the log supports ({chosen['family']}),",
-            f"fitted to {result['events']} failures and {result['censored']} censored lifetimes.",
+            f"fitted to {result['events']:,} failures and {result['censored']:,} censored "
+            "lifetimes.",
         ]
         for passed in chosen["skipped"]:
             note = f"passed over a better {passed}"
