@@ -441,7 +441,7 @@ def test_the_readme_quick_start_runs_as_written_and_its_numbers_are_what_fit_pri
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").symlink_to(root / "examples")
     code = main(commands[0][1:])
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert code == 0, err
     assert main(commands[1][1:]) == 0
     capsys.readouterr()
