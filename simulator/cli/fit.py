@@ -229,10 +229,12 @@ def _print_text(args, result) -> None:
     print(fits_table(result["fits"], u, args.unit))
     for row in result["families"]:
         km = row["km"]
-        print(
-            f"  {row['family']}: largest gap from Kaplan-Meier {km['max_gap']:.3f}, "
+        band = (
             f"inside its 95% band at {100 * km['in_band']:.0f}% of failure times"
+            if km["in_band"] == km["in_band"]
+            else "no 95% band (too few failures)"
         )
+        print(f"  {row['family']}: largest gap from Kaplan-Meier {km['max_gap']:.3f}, {band}")
     print(f"best (lowest AIC): {result['best']}")
     if "repair" in result:
         print(f"\nrepair/down time ({result['repair']['events']:,} failures, in {runit}):")

@@ -958,6 +958,12 @@ def read_failure_times(
     if cols.find("time") is None:
         if df.shape[1] == 1:
             cols.chosen["time"] = df.columns[0]
+        elif (dcol := _Columns(df, {}).find("duration")) is not None:
+            raise InputError(
+                f"{path} holds lifetimes (column {str(dcol)!r}), not failure times: a trace "
+                "replays the times failures happened; draw from lifetimes with --failure "
+                "empirical:FILE, or name the time column with --time-column"
+            )
         else:
             raise InputError(
                 f"cannot tell which column holds the failure times: name it with --time-column "

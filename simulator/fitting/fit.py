@@ -386,7 +386,10 @@ def plot_survival(
         _, ax = plt.subplots(figsize=(7, 4.5))
     data = stats.CensoredData(uncensored=t[obs], right=t[~obs])
     km = stats.ecdf(data).sf
-    band = km.confidence_interval(0.95)
+    with warnings.catch_warnings():
+        # Undefined where KM reaches 0 or 1 (as in km_check): those points are not drawn.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        band = km.confidence_interval(0.95)
     x = km.quantiles / time_unit_s
     ax.step(x, km.probabilities, where="post", color=color, lw=1.5, label=label)
     ax.fill_between(
