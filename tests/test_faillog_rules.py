@@ -368,3 +368,20 @@ def test_a_lifetime_of_zero_is_left_out_and_said_in_both_shapes(capsys, tmp_path
     log.write_text("time,node\n1,a\n1,a\n4,a\n")  # the same failure twice: one failure
     got, err = fit_json(capsys, log)
     assert got["events"] == 1 and "1 row (row 2) repeat" in err
+
+
+def test_what_the_reader_leaves_out_of_an_empirical_log_is_said_too(capsys, tmp_path):
+    log = tmp_path / "life.csv"
+    log.write_text("duration,event\n5,1\n0,1\n7,0\n9,1\n12,1\n")
+    code, _, err = cli(capsys, "simulate", *JOB, "--gpus", "8", "--gpu-mtbf-h", "1000",
+                       "--failure", f"empirical:{log}", "--replicas", "2")  # fmt: skip
+    assert code == 0, err
+    assert f"note: empirical:{log}: 1 lifetime of length 0 (row 2) left out" in err
+
+
+def test_a_lifetimes_log_given_as_a_trace_is_told_what_it_is(capsys, tmp_path):
+    log = tmp_path / "life.csv"
+    log.write_text("duration,event\n5,1\n7,0\n9,1\n")
+    line = one_line_error(*cli(capsys, "simulate", *JOB, "--trace", log))
+    assert "holds lifetimes (column 'duration'), not failure times" in line
+    assert "--failure empirical:FILE" in line
