@@ -37,8 +37,10 @@ distance from Kaplan-Meier; a warning when the best fit's mean lies over 3x from
 seconds).
 
 examples:
+  ckptsim fit examples/lanl-system20.csv --repair-unit min
+      the log in the repository: node failures with dates, causes and down times in minutes
   ckptsim fit failures.csv --unit h
-      a timestamp log: the scenario it writes has the system's MTBF (mtbf_h)
+      numbers in hours, no component column: the scenario gets the system's MTBF (mtbf_h)
   ckptsim fit nodes.parquet --time-column when --component-column node --end 2024-12-31
   ckptsim fit failures.csv --scenario-out mine.toml --checkpoint-s 120 --restart-s 900
   ckptsim optimize --scenario mine.toml
@@ -89,7 +91,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--end",
         metavar="T",
-        help="end of observation (a date, or a number in --unit); default: the last failure",
+        help="end of observation of a log of failure times (a date for dates, a number in "
+        "--unit for numbers); default: the last failure",
     )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
@@ -97,7 +100,8 @@ def register(subparsers) -> None:
     out.add_argument(
         "--scenario-out",
         metavar="FILE",
-        help="write the best fit as a scenario TOML for optimize/simulate --scenario",
+        help="write the best fit whose mean the log supports as a scenario TOML for "
+        "optimize/simulate --scenario",
     )
     job = p.add_argument_group("job written into --scenario-out")
     job.add_argument(

@@ -320,8 +320,16 @@ def _headerless(columns) -> bool:
 
 
 def _blank(series) -> np.ndarray:
+    """Empty cells: NaN/None, or text of only spaces."""
+    import pandas as pd
+
+    missing = series.isna().to_numpy()
+    if pd.api.types.is_numeric_dtype(series.dtype) or pd.api.types.is_datetime64_any_dtype(
+        series.dtype
+    ):
+        return missing
     text = series.astype(str).str.strip()
-    return (series.isna() | (text == "")).to_numpy()
+    return missing | (text == "").to_numpy()
 
 
 def _number_seconds(series, column, unit_s: float, noun: str, *, allow_blank=False):

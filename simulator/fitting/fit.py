@@ -460,10 +460,13 @@ def describe_extrapolation(x: dict, time_unit_s: float = _HOUR, unit: str = "h")
             f"{log_mean:,.4g} {unit} ({x['events']:,} failures in "
             f"{x['exposure_s'] / time_unit_s:,.4g} {unit} of exposure)"
         )
-    return (
+    text = (
         f"its mean, {mean:,.4g} {unit}, is {x['mean_s'] / x['window_s']:,.3g}x the longest time "
         f"the log observed ({x['window_s'] / time_unit_s:,.4g} {unit})"
     )
+    if x["family"] == "exponential":  # the log's own rate; only its shape is assumed
+        text += ": the rate is the log's, the constant hazard past what was seen an assumption"
+    return text
 
 
 def _fit_block(durations_s, observed) -> dict:
