@@ -51,7 +51,7 @@ examples:
       replay a real failure log (timestamps, or numbers with --unit) instead of a model; with
       no failure rate given the policy plans with the log's own MTBF (give --mtbf-h or
       --gpu-mtbf-h to see what planning for another rate costs on these failures)
-  ckptsim simulate --scenario llama3-tiers --trace log.csv --cause-column cause \
+  ckptsim simulate --scenario llama3-tiers --trace log.csv --cause-column cause \\
       --cause-class "GPU HBM3"=gpu --cause-class "Network switch"=network ...
       replay a log against failure classes and tiers: each failure restores from the tier
       that survives its class
