@@ -56,6 +56,7 @@ __all__ = [
     "UNITS",
     "FailureLog",
     "FailureTimes",
+    "censoring_column",
     "parse_times",
     "read_failure_log",
     "read_failure_times",
@@ -68,7 +69,6 @@ UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _YEAR_S = 365.25 * 86400.0
 MAX_SPAN_S = 100 * _YEAR_S
 """The longest time span a log may cover (and ``--end`` may make), and the longest duration."""
-MAX_WINDOW_S = MAX_SPAN_S  # the name ``--end``'s checks used first
 
 # -- column roles -------------------------------------------------------------------------------
 # Each role: names that are the role outright (the whole name, lower case, words joined by _)
@@ -388,8 +388,9 @@ def parse_times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
         parsed = series
         if getattr(parsed.dt, "tz", None) is not None:
             parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
-    elif pd.api.types.is_timedelta64_dtype(series.dtype):
-        return series.dt.total_seconds().to_numpy(dtype=float), False
+    elif pd.api.types.is_timedelta64_dtype(series.dtype):  # durations since the start
+        seconds = pd.Series(series.dt.total_seconds().to_numpy(dtype=float))
+        return _number_seconds(seconds, column, 1.0, "time"), False
     else:
         numeric = pd.to_numeric(series, errors="coerce")
         if numeric.notna().all():
