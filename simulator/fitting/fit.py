@@ -14,6 +14,14 @@ mapped back, so they stay positive). ``fit_all`` ranks families by AIC = 2k - 2 
 censored data): the largest gap between the two survival curves and the share of failure
 times at which the fit lies inside Kaplan–Meier's 95% band. ``failure_spec`` turns a fit into
 the scenario's ``failure`` string (the mean goes in ``gpu_mtbf_h`` or ``mtbf_h``).
+
+``fit_log`` fits a whole ``faillog.FailureLog``: every family that can be fitted (one that
+cannot, e.g. a Weibull on failures all of one length, is skipped with the reason), per cause
+(a cause with too few failures is skipped, said, and still counts overall) and for repairs.
+``extrapolation`` flags a best fit whose mean lies more than ``PLAUSIBLE_FACTOR`` times from
+the log's own mean (exposure over failures, the exponential MLE) or past that many times the
+longest time observed; ``scenario_from_fit`` then writes the best family whose mean the log
+supports, and says which it passed over and why.
 """
 
 from __future__ import annotations
