@@ -11,6 +11,7 @@ import time
 STUDIES = (
     "titan_fit",
     "lanl_fit",
+    "example_log",
     "daly_validation",
     "llama3_scale",
     "llama3_calibration",

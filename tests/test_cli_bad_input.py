@@ -88,7 +88,7 @@ def assert_one_line_error(code, err, fragment):
          "learns from the failures a replica meets"),
         # Trace replay against failure classes: each failure needs its class.
         (["simulate", "--scenario", "llama3-tiers", "--cause-class", "Xid=gpu"],
-         "--cause-class need --trace FILE"),
+         "--system-column need --trace FILE"),
         (["simulate", *JOB, "--trace", "x.csv", "--cause-column", "cause"],
          "this scenario has none"),
         (["simulate", "--scenario", "llama3-tiers", "--trace", "x.csv"],

@@ -237,13 +237,15 @@ BAD_LOGS = {
     "negative duration": ("duration,event\n3,1\n-2,1\n5,0\n", "negative duration"),
     "unparseable time": ("time,node\n2024-01-01,a\nyesterday-ish,b\n2024-01-03,a\n", "parse"),
     "all censored": ("duration,event\n3,0\n4,0\n5,0\n", "censored"),
-    "single-event cause": (
-        "time,cause\n1,hw\n2,hw\n3,sw\n4,hw\n6,hw\n",
-        "single failure",
-    ),
     "not a table": ("\x00\x01garbage", "row"),
     "a blank time": ("time,node\n2024-01-01,a\n,b\n2024-01-03,a\n2024-01-04,b\n", "blank"),
-    "every failure as long": ("duration,event\n5,1\n5,1\n5,1\n5,0\n", "same time"),
+    "a blank event flag": ("duration,event\n5,1\n6,\n7,0\n", "row 2: the failed/censored flag"),
+    "a blank duration": ("duration,event\n5,1\n,1\n7,0\n", "row 2: a blank is not a number"),
+    "a duration of 1e300": ("duration,event\n5,1\n1e300,1\n7,0\n", "more than 100 years"),
+    "a duration of 1e308": ("duration,event\n5,1\n1e308,1\n7,0\n", "more than 100 years"),
+    "a negative repair": ("time,repair\n1,2\n2,-3\n4,1\n", "row 2: -3 is a negative repair"),
+    "a node column all blank": ("time,node\n1,\n2,\n4,\n", "blank on every row"),
+    "an empty header": ("a,b\n", "no rows"),
 }
 
 
@@ -313,22 +315,41 @@ def _eight_failures(tmp_path):
 def test_an_end_centuries_past_the_log_is_one_line_not_an_overflow(capsys, tmp_path):
     # The CLI fuzz found --end 1e300 (and 1e12 h) raising OverflowError out of the CI math.
     log = _eight_failures(tmp_path)
-    for end in ("1e300", "1e12", "2200-01-01"):
-        code, out, err = run_cli(capsys, log, "--end", end)
+    code, out, err = run_cli(capsys, log, "--end", "2200-01-01")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "at most 100 years" in err
+    assert run_cli(capsys, log, "--end", "2030-01-01")[0] == 0
+    numbers = tmp_path / "n.csv"
+    numbers.write_text("time\n1\n2\n5\n9\n12\n")
+    for end in ("1e300", "1e12"):
+        code, out, err = run_cli(capsys, numbers, "--end", end)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
         assert "at most 100 years" in err
-    assert run_cli(capsys, log, "--end", "2030-01-01")[0] == 0
+
+
+def test_a_number_as_the_end_of_a_log_of_dates_is_refused_not_read_as_hours_since_1970(
+    capsys, tmp_path
+):
+    # Was: --end 5000 on dates meant 5000 h after 1970-01-01, before every failure.
+    log = _eight_failures(tmp_path)
+    for end in ("5000", "1e300", "1e12"):
+        code, out, err = run_cli(capsys, log, "--end", end)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert f"--end {end} is a number, but the log's times are dates" in err
 
 
 def test_a_best_fit_no_simulation_can_sample_gives_way_to_the_next_best(capsys, tmp_path):
     # A long censored tail makes lognormal win with sigma above 5, which --failure refuses:
-    # --scenario-out was a one-line refusal and no scenario; now the next best, said so.
+    # --scenario-out was a one-line refusal and no scenario; now the next best, said so. The
+    # Weibull after it puts its mean 500x past the log's own rate, so it is passed over too.
     log = _eight_failures(tmp_path)
     out = tmp_path / "s.toml"
     code, _, err = run_cli(capsys, log, "--end", "2100-01-01", "--scenario-out", str(out))
     assert code == 0, err
     assert "passed over a better fit no simulation can sample: lognormal:sigma=" in err
-    assert "weibull" in out.read_text() and "Passed over a better fit" in out.read_text()
+    assert "passed over a better fit whose mean the log does not support: weibull:" in err
+    text = out.read_text()
+    assert 'failure = "exponential"' in text and "Passed over a better fit" in text
     assert main(["optimize", "--scenario", str(out)]) == 0
 
 
@@ -343,3 +364,92 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_fit(capsys, tmp_p
         code, out, err = run_cli(capsys, log, flag, value)
         assert code == 2 and out == "" and flag in err and len(err.strip().splitlines()) == 1
     assert not fitted
+
+
+def test_repair_times_have_their_own_unit_and_are_shown_in_it(capsys, tmp_path):
+    # Was: one --unit for both, so minutes of repair were read as hours.
+    rng = np.random.default_rng(12)
+    t_h = np.cumsum(rng.exponential(10.0, 400))
+    down_min = rng.exponential(45.0, 400)
+    log = tmp_path / "log.csv"
+    pd.DataFrame({"time": t_h, "down_min": down_min}).to_csv(log, index=False)
+    got = fit_json(capsys, log, "--repair-unit", "min")
+    rep = family(got["repair"], "exponential")
+    assert rep["mean_s"] == pytest.approx(down_min.mean() * 60)
+    assert family(got, "exponential")["mean_s"] == pytest.approx(np.diff(t_h).mean() * HOUR)
+    code, out, err = run_cli(capsys, log, "--repair-unit", "min")
+    assert code == 0 and "repair/down time (400 failures, in min)" in out
+    assert f"mean_min = {down_min.mean():.4g}" in out
+    # Without it the column's name says minutes while it is read in hours: a note says so.
+    code, out, err = run_cli(capsys, log)
+    assert "note: column 'down_min' is read in h, but its name says min" in err
+
+
+@pytest.mark.parametrize("name", ['my"x', "a\\b", 'evil\ngpus = 1\nx = "', "tab\there"])
+def test_the_scenario_file_escapes_its_name_and_a_file_name_cannot_inject_a_key(
+    capsys, tmp_path, name
+):
+    import tomllib
+
+    log = tmp_path / "t.csv"
+    log.write_text("time\n1\n2\n5\n9\n12\n20\n")
+    out = tmp_path / f"{name}.toml"
+    code, _, err = run_cli(capsys, log, "--scenario-out", out)
+    assert code == 0, err
+    data = tomllib.loads(out.read_text())
+    assert data["name"] == name
+    assert "gpus" not in data and set(data) == {"name", "failure", "mtbf_h"}
+    # A file name with a newline cannot end a header comment and start a key either.
+    evil = tmp_path / "x\nwork_h = 1\n.csv"
+    evil.write_text("time\n1\n2\n5\n9\n12\n20\n")
+    ok = tmp_path / "ok.toml"
+    code, _, err = run_cli(capsys, evil, "--scenario-out", ok)
+    assert code == 0, err
+    assert "work_h" not in tomllib.loads(ok.read_text())
+
+
+def test_a_system_gap_scenario_says_what_gpus_would_change_and_fit_does_not_write_them(
+    capsys, tmp_path
+):
+    truth = Weibull(0.6, 10 * HOUR)
+    log = tmp_path / "sys.csv"
+    pd.DataFrame({"time": np.cumsum(truth.sample(np.random.default_rng(5), 800)) / HOUR}).to_csv(
+        log, index=False
+    )
+    out = tmp_path / "s.toml"
+    code, _, err = run_cli(capsys, log, "--scenario-out", out, "--gpus", "512")
+    assert code == 0, err
+    assert "note: --gpus 512 is not written" in err
+    text = out.read_text()
+    assert "weibull" in text and "\ngpus" not in text
+    assert "Setting gpus" in text and "a different process from the one fitted here" in text
+
+
+def test_the_readme_quick_start_runs_as_written_and_its_numbers_are_what_fit_prints(
+    capsys, tmp_path, monkeypatch
+):
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("### Your own failure data") : readme.index("## Commands")]
+    block = section[section.index("```sh") + 5 : section.index("```", section.index("```sh") + 5)]
+    commands = [shlex.split(line) for line in block.strip().splitlines()]
+    assert [c[:2] for c in commands] == [["ckptsim", "fit"], ["ckptsim", "optimize"]]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "experiments").symlink_to(root / "experiments")
+    code = main(commands[0][1:])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert main(commands[1][1:]) == 0
+    capsys.readouterr()
+    got = fit_json(capsys, *commands[0][2:])
+    ln = family(got, "lognormal")
+    mean_h = ln["mean_s"] / HOUR
+    ratio = got["extrapolation"]["ratio"]
+    assert f"{mean_h:,.0f} h, {ratio:.0f} times the log's own" in " ".join(section.split())
+    shape = family(got, "weibull")["params"]["shape"]
+    assert f"(a Weibull, shape {shape:.2f})" in " ".join(section.split())
+    assert re.search(r'failure = "weibull:shape=', (tmp_path / "mine.toml").read_text())

@@ -1,6 +1,7 @@
 """Scenarios: validation messages, TOML files, the shipped presets, and flag overrides."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +9,7 @@ from simulator.errors import InputError
 from simulator.model.scenario import DEFAULT_PRESET, Scenario, load_scenario, preset_names
 
 HOUR = 3600.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path, text, name="job.toml"):
@@ -186,15 +188,25 @@ def test_a_whole_job_mtbf_and_a_node_mtbf_are_not_both_given():
 
 
 def test_the_titan_record_preset_has_the_whole_records_failure_rate():
+    # One rule for a job's interruptions: the one the Titan replay counts them by
+    # (titan.failure_events: a slot's events within 24 h are one), not every logged row.
+    from importlib import resources
+
     from simulator.fitting import titan
 
-    events = titan.failure_events(0.0)  # every DBE/OTB event of the real trace
+    events = titan.failure_events()
     scenario = load_scenario("titan-record")
     assert scenario.gpus == titan.N_SLOTS and scenario.failure == "exponential"
     whole_record_h = titan.span_s() / HOUR / len(events)
     assert scenario.system_mtbf_s / HOUR == pytest.approx(whole_record_h, rel=1e-4)
-    assert 7.5 < whole_record_h < 7.7  # vs the fitted Weibull's 3.0 h (the 2016 wave)
+    assert 8.6 < whole_record_h < 8.7  # vs the fitted Weibull's 3.0 h (the 2016 wave)
     assert load_scenario("titan").system_mtbf_s / HOUR == pytest.approx(3.01, abs=0.01)
+    header = (resources.files("simulator") / "presets" / "titan-record.toml").read_text()
+    raw = len(titan.failure_events(0.0))
+    assert f"{len(events):,}\n#   interruptions" in header and f"logs {raw:,} DBE/OTB" in header
+    report = (ROOT / "reports" / "titan-fit.md").read_text()
+    assert f"{len(events):,} interruptions in" in report
+    assert f"{whole_record_h:.2f} h: the preset `titan-record`" in report
 
 
 def test_a_node_mtbf_without_gpus_is_one_line_even_beside_a_system_mtbf():

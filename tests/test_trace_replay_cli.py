@@ -162,3 +162,93 @@ def test_a_trace_whose_failures_all_come_after_the_job_says_to_check_the_unit(tm
     assert code == 0 and json.loads(out)["failures_mean"] == 0
     assert "no failure of the trace came within any replica's wall time" in err
     assert "is --unit right?" in err
+
+
+def test_a_random_start_leaves_room_for_the_wall_time_and_counts_replicas_past_the_end(
+    tmp_path, capsys
+):
+    # Was: the window left only the job's work (not its longer wall time) and nothing counted
+    # the replicas that ran off the end of the trace from a random start.
+    log = tmp_path / "t.csv"
+    t_h = np.cumsum(np.random.default_rng(3).exponential(2.0, 2000))  # ~4,000 h, MTBF 2 h
+    pd.DataFrame({"time": t_h}).to_csv(log, index=False)
+    argv = ["--checkpoint-s", "300", "--restart-s", "1800", "--work-h", "500", "--json",
+            "--trace", str(log), "--trace-start", "random", "--replicas", "30"]  # fmt: skip
+    argv.append("--no-progress")
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["wall_h_mean"] > 1.3 * 500  # the wall time the old window did not leave
+    assert got["trace_start"] == "random" and got["replicas_past_trace_end"] == 0, err
+    # Each replica's start is recovered from its seed: a window of the work alone would have
+    # run some past the end.
+    from simulator.model.trace import TraceStart, coverage
+
+    walls = np.full(30, got["wall_h_p99"])
+    short = coverage(TraceStart(t_h * 3600, keep_s=500 * 3600), walls, 0)
+    assert short["past_end"] > 0
+
+
+def test_a_job_longer_than_the_trace_replays_it_from_its_start_and_says_so(tmp_path, capsys):
+    # Was: every replica identical (p50 = p99) with no warning and no count in the JSON.
+    log = tmp_path / "t.csv"
+    pd.DataFrame({"time": np.arange(1.0, 101.0)}).to_csv(log, index=False)  # 100 h
+    code, out, err = run_cli(capsys, *JOB, "--trace", str(log), "--trace-start", "random",
+                             "--replicas", "5", "--json")  # fmt: skip
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["wall_h_p50"] == got["wall_h_p99"]
+    assert got["replicas_past_trace_end"] == 5 and got["trace_start"].startswith("first")
+    assert "every replica replays it from its start" in err
+
+
+def test_the_header_gives_the_traces_own_mtbf_and_what_the_policy_plans_with(tmp_path, capsys):
+    # Was: "job MTBF 3.09 h (trace)", the preset's rate, on a log with one failure every 8 h.
+    log = tmp_path / "t.csv"
+    pd.DataFrame({"time": np.arange(8.0, 8.0 * 301, 8.0)}).to_csv(log, index=False)
+    code, out, err = run_cli(capsys, *JOB, "--mtbf-h", "3", "--trace", str(log),
+                             "--replicas", "2")  # fmt: skip
+    assert code == 0, err
+    head = out.splitlines()[0]
+    assert "job MTBF 8 h (the trace: 300 failures in 2,400.0 h)" in head
+    assert "the policy plans with the scenario's 3 h" in head
+    code, out, err = run_cli(capsys, *JOB, "--mtbf-h", "3", "--trace", str(log), "--json",
+                             "--replicas", "2")  # fmt: skip
+    got = json.loads(out)
+    assert got["mtbf_h"] == pytest.approx(8.0) and got["planned_mtbf_h"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--failure", "weibull:shape=0.7"], ["--node-mtbf-h", "1000"],
+             ["--component-age", "new"]],
+)  # fmt: skip
+def test_failure_model_flags_a_trace_replaces_are_refused(tmp_path, capsys, argv):
+    log = tmp_path / "t.csv"
+    log.write_text("time\n1\n5\n9\n")
+    code, out, err = run_cli(capsys, *JOB, "--gpus", "8", "--gpu-mtbf-h", "30", "--trace",
+                             str(log), *argv)  # fmt: skip
+    assert code == 2 and out == "" and "which --trace replaces" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_gpus_with_a_trace_is_said_to_price_the_job_not_to_change_the_failures(tmp_path, capsys):
+    log = tmp_path / "t.csv"
+    log.write_text("time\n1\n5\n9\n30\n60\n")
+    runs = []
+    for gpus in ("8", "8192"):
+        code, out, err = run_cli(capsys, *JOB, "--trace", str(log), "--gpus", gpus, "--json",
+                                 "--replicas", "2", "--usd-per-gpu-hour", "1")  # fmt: skip
+        assert code == 0, err
+        assert f"note: --trace replays the log's failures as logged: --gpus {gpus}" in err
+        runs.append(json.loads(out))
+    assert runs[0]["failures_mean"] == runs[1]["failures_mean"]
+    assert runs[1]["usd_mean"] > 500 * runs[0]["usd_mean"]
+
+
+def test_the_help_example_of_a_replay_does_not_plan_for_another_rate(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = capsys.readouterr().out
+    example = text[text.index("--trace my-failures.csv") - 200 : text.index("--trace my-failures")]
+    assert "--gpu-mtbf-h" not in example.splitlines()[-1]
+    assert "the policy plans with the log's own MTBF" in " ".join(text.split())

@@ -423,18 +423,39 @@ def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = 
             base = load_scenario(args.scenario)
             _refuse_save_flags_over_tiers(base, overrides)
             _refuse_flags_over_classes(base, overrides)
-            return base.with_overrides(**_small_job_fits_one_node(overrides, base.gpus_per_node))
-        if uses_default_preset(args, extra):
-            return load_scenario(DEFAULT_PRESET)
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if "gpu_mtbf_h" in given and "gpus" not in given:
-            raise InputError(
-                "--gpu-mtbf-h (per-GPU MTBF, hours) needs --gpus N to scale to the job"
+            scenario = base.with_overrides(
+                **_small_job_fits_one_node(overrides, base.gpus_per_node)
             )
-        given = _small_job_fits_one_node(given, Scenario.gpus_per_node)
-        return Scenario(name="command-line", **given)
+        elif uses_default_preset(args, extra):
+            scenario = load_scenario(DEFAULT_PRESET)
+        else:
+            given = {k: v for k, v in overrides.items() if v is not None}
+            if "gpu_mtbf_h" in given and "gpus" not in given:
+                raise InputError(
+                    "--gpu-mtbf-h (per-GPU MTBF, hours) needs --gpus N to scale to the job"
+                )
+            given = _small_job_fits_one_node(given, Scenario.gpus_per_node)
+            scenario = Scenario(name="command-line", **given)
     except InputError as exc:
         raise InputError(as_flags(str(exc), flags)) from None
+    _say_empirical_notes(scenario)
+    return scenario
+
+
+def _say_empirical_notes(scenario) -> None:
+    """The notes of the failure logs an ``empirical:FILE`` spec reads, on stderr, once: the
+    rows the shared reader merged or left out are said here as ``ckptsim fit`` says them."""
+    from simulator.model.failures import empirical_notes
+
+    specs = [scenario.failure, scenario.repair]
+    for c in scenario.failure_classes:
+        specs += [c.failure, c.detection]
+    try:
+        notes = empirical_notes(specs)
+    except InputError:
+        return  # the scenario's own validation reports a bad log, in one line
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def as_flags(message: str, fields) -> str:

@@ -17,22 +17,35 @@ from simulator.cli.common import positive_int, print_json
 from simulator.errors import InputError
 
 EPILOG = """\
-log shapes (columns are auto-detected by name; the flags name them when that fails):
+log shapes (columns are found by name, and the output says which it used; a flag names one
+when that fails, and --X-column none says there is none):
   lifetimes   one row per unit:    duration,event       (event 1 = failed, 0 = censored)
   timestamps  one row per failure: time[,node][,cause][,repair]
-              times are numbers in --unit or dates; with a component column a lifetime is
-              the gap between one component's failures (its last gap censored at --end),
-              without one the gaps of the whole system.
+              times are numbers in --unit since the log's start, or dates; with a component
+              column a lifetime is the gap between one component's failures (its last gap
+              censored at --end), without one the gaps of the whole system.
 
-output: each family's parameters with 95% CIs, AIC (lowest is best) and its distance from
-Kaplan-Meier; with --json one object: families [{family, params, aic, ci95, ...}], best,
-events, censored (parameters ending in _s are seconds).
+rules (the same for `simulate --trace` and `--failure empirical:FILE`): a blank time, duration
+or flag is refused; a blank cause counts in the overall fit only; a blank component is
+refused; rows with the same time (and component) are one failure; lifetimes of 0 are left
+out; every merge and leave-out is said in a note.
+
+output: the columns used; each family's parameters with 95% CIs, AIC (lowest is best) and its
+distance from Kaplan-Meier; a warning when the best fit's mean lies over 3x from the log's own
+(failures / exposure) or past 3x the longest time observed; with --json one object: families
+[{family, params, aic, ci95, ...}], best, events, censored (parameters ending in _s are
+seconds).
 
 examples:
+  ckptsim fit experiments/logs/lanl-system20.csv --repair-unit min
+      the log in the repository: node failures with dates, causes and down times in minutes
   ckptsim fit failures.csv --unit h
+      numbers in hours, no component column: the scenario gets the system's MTBF (mtbf_h)
   ckptsim fit nodes.parquet --time-column when --component-column node --end 2024-12-31
   ckptsim fit failures.csv --scenario-out mine.toml --checkpoint-s 120 --restart-s 900
-  ckptsim optimize --scenario mine.toml"""
+  ckptsim optimize --scenario mine.toml
+  ckptsim fit lifetimes.csv --scenario-out mine.toml --gpus 1024
+      a lifetimes log needs --gpus N: how many units like the log's the job runs on"""
 
 _FAMILY_NAMES = ("exponential", "weibull", "lognormal")
 
@@ -45,23 +58,41 @@ def register(subparsers) -> None:
         epilog=EPILOG,
     )
     p.add_argument("file", metavar="FILE", help="failure log, CSV or Parquet")
-    cols = p.add_argument_group("columns (auto-detected when not given)")
+    cols = p.add_argument_group(
+        "columns (found by name when not given; C = none: the log has none)"
+    )
     cols.add_argument("--duration-column", metavar="C", help="lifetimes: time to failure/censoring")
-    cols.add_argument("--event-column", metavar="C", help="lifetimes: 1 failed, 0 censored")
+    cols.add_argument(
+        "--event-column",
+        metavar="C",
+        help="lifetimes: 1 failed, 0 censored (a column named censored/is_censored: the reverse)",
+    )
     cols.add_argument("--time-column", metavar="C", help="timestamps: when each failure happened")
     cols.add_argument("--component-column", metavar="C", help="timestamps: which unit failed")
     cols.add_argument("--cause-column", metavar="C", help="root cause (one fit per cause)")
     cols.add_argument("--repair-column", metavar="C", help="repair/down time of each failure")
+    cols.add_argument(
+        "--system-column",
+        metavar="C",
+        help="timestamps: which system (a log of several: components are told apart by it)",
+    )
     p.add_argument(
         "--unit",
         choices=("s", "min", "h", "d"),
         default="h",
-        help="unit of numeric times and durations in the log (default: %(default)s)",
+        help="unit of numeric failure times and durations (the time/duration column; dates "
+        "need none), and of the output (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repair-unit",
+        choices=("s", "min", "h", "d"),
+        help="unit of the repair/down-time column, and of its fits in the output (default: --unit)",
     )
     p.add_argument(
         "--end",
         metavar="T",
-        help="end of observation (a date, or a number in --unit); default: the last failure",
+        help="end of observation of a log of failure times (a date for dates, a number in "
+        "--unit for numbers); default: the last failure",
     )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
@@ -69,7 +100,8 @@ def register(subparsers) -> None:
     out.add_argument(
         "--scenario-out",
         metavar="FILE",
-        help="write the best fit as a scenario TOML for optimize/simulate --scenario",
+        help="write the best fit whose mean the log supports as a scenario TOML for "
+        "optimize/simulate --scenario",
     )
     job = p.add_argument_group("job written into --scenario-out")
     job.add_argument(
@@ -77,7 +109,7 @@ def register(subparsers) -> None:
         type=positive_int,
         metavar="N",
         help="units like the log's in the job (default: the log's component count; a "
-        "system-gap log needs none)",
+        "system-gap log writes the system's mtbf_h and no gpus)",
     )
     job.add_argument("--checkpoint-s", type=float, metavar="S", help="save stall, seconds")
     job.add_argument("--restart-s", type=float, metavar="S", help="restart time, seconds")
@@ -85,11 +117,33 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for ch in str(text):
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch in "\b\t\n\f\r":
+            out.append({"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _comment(text: str) -> str:
+    """One comment line: a newline or other control character in a file name cannot end it."""
+    return "# " + "".join(ch if ch.isprintable() else "?" for ch in str(text))
+
+
 def _toml(data: dict, header: list[str]) -> str:
-    lines = [f"# {h}" for h in header]
+    lines = [_comment(h) for h in header]
     for key, value in data.items():
         if isinstance(value, str):
-            lines.append(f'{key} = "{value}"')
+            lines.append(f"{key} = {toml_string(value)}")
         elif isinstance(value, bool):
             lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, int):
@@ -105,31 +159,96 @@ def _unit_s(unit: str) -> float:
     return UNITS[unit]
 
 
+_ROLE_ORDER = ("time", "duration", "event", "component", "system", "cause", "repair")
+
+
+def columns_line(columns: dict, shape: str) -> str:
+    """The columns a log was read with, one line ("-" for a role it has none of)."""
+    roles = ("duration", "event", "cause", "repair") if shape == "lifetimes" else (
+        "time", "component", "system", "cause", "repair"
+    )  # fmt: skip
+    shown = [f"{role} {columns[role]!r}" for role in roles if columns.get(role) is not None]
+    none = [role for role in roles if columns.get(role) is None and role != "system"]
+    text = "columns used: " + ", ".join(shown)
+    if none:
+        text += f"; none for {', '.join(none)}"
+    return text
+
+
+def _warnings(args, result, notes: list[str]) -> list[str]:
+    """The stderr lines of a fit besides the reader's notes: ``notes``, skipped families and
+    causes, and best fits that extrapolate past the log."""
+    from simulator.fitting.fit import describe_extrapolation
+
+    u, ru = _unit_s(args.unit), _unit_s(args.repair_unit or args.unit)
+    lines = [f"note: {n}" for n in notes]
+    for where, block in (("", result), *((f"cause {k}: ", v) for k, v in
+                                         result.get("causes", {}).items())):  # fmt: skip
+        for skip in block.get("skipped_families", []):
+            lines.append(f"note: {where}no {skip['family']} fit: {skip['reason']}")
+    for name, why in result.get("causes_skipped", {}).items():
+        lines.append(f"note: cause {name!r} has no fit of its own ({why}); it counts overall")
+    x = result.get("extrapolation")
+    if x is not None:
+        lines.append(
+            f"warning: the best fit ({x['family']}) extrapolates: "
+            f"{describe_extrapolation(x, u, args.unit)}"
+        )
+    far = [
+        f"{name} ({sub['extrapolation']['family']}, "
+        f"{sub['extrapolation']['mean_s'] / u:,.3g} {args.unit} vs "
+        f"{sub['extrapolation']['log_mean_s'] / u:,.3g} {args.unit})"
+        for name, sub in result.get("causes", {}).items()
+        if "extrapolation" in sub
+    ]
+    if far:
+        lines.append(
+            "warning: per-cause best fits whose mean is past 3x the log's own rate or window, "
+            f"fitted vs failures/exposure: {'; '.join(far)}"
+        )
+    rep = result.get("repair", {}).get("extrapolation")
+    if rep is not None:
+        lines.append(
+            f"warning: the best repair fit ({rep['family']}) extrapolates: "
+            f"{describe_extrapolation(rep, ru, args.repair_unit or args.unit)}"
+        )
+    return lines
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
 def _print_text(args, result) -> None:
     from simulator.fitting.fit import fits_table
 
     u = _unit_s(args.unit)
+    runit = args.repair_unit or args.unit
+    ru = _unit_s(runit)
     print(
-        f"{args.file}: {result['units']} lifetimes ({result['shape']}), "
-        f"{result['events']} failures, {result['censored']} censored"
+        f"{args.file}: {_n(result['units'], 'lifetime')} ({result['shape']}), "
+        f"{_n(result['events'], 'failure')}, {result['censored']:,} censored"
     )
+    print(columns_line(result["columns"], result["shape"]))
     print(fits_table(result["fits"], u, args.unit))
     for row in result["families"]:
         km = row["km"]
-        print(
-            f"  {row['family']}: largest gap from Kaplan-Meier {km['max_gap']:.3f}, "
+        band = (
             f"inside its 95% band at {100 * km['in_band']:.0f}% of failure times"
+            if km["in_band"] == km["in_band"]
+            else "no 95% band (too few failures)"
         )
+        print(f"  {row['family']}: largest gap from Kaplan-Meier {km['max_gap']:.3f}, {band}")
     print(f"best (lowest AIC): {result['best']}")
     if "repair" in result:
-        print("\nrepair/down time:")
-        print(fits_table(result["repair"]["fits"], u, args.unit))
+        print(f"\nrepair/down time ({result['repair']['events']:,} failures, in {runit}):")
+        print(fits_table(result["repair"]["fits"], ru, runit))
     for name, sub in result.get("causes", {}).items():
-        print(f"\ncause {name}: {sub['events']} failures (others censored), best {sub['best']}")
+        print(f"\ncause {name}: {sub['events']:,} failures (others censored), best {sub['best']}")
         print(fits_table(sub["fits"], u, args.unit))
         if "repair" in sub:
-            print(f"repair/down time, cause {name}: best {sub['repair']['best']}")
-            print(fits_table(sub["repair"]["fits"], u, args.unit))
+            print(f"repair/down time, cause {name} (in {runit}): best {sub['repair']['best']}")
+            print(fits_table(sub["repair"]["fits"], ru, runit))
 
 
 def _strip(result: dict) -> dict:
@@ -158,35 +277,72 @@ def run(args) -> int:
         scenario_out = check_output(args.scenario_out, "--scenario-out", (".toml",))
     if args.plot:
         plot = check_output(args.plot, "--plot", (".png", ".svg"))
+    job_flags = [k for k in ("gpus", "checkpoint_s", "restart_s", "work_h") if getattr(args, k)]
+    if job_flags and scenario_out is None:
+        flag = "--" + job_flags[0].replace("_", "-")
+        raise InputError(f"{flag} describes the job written into --scenario-out FILE; give one")
     log = read_failure_log(
         args.file,
         unit=args.unit,
+        repair_unit=args.repair_unit,
         duration_column=args.duration_column,
         event_column=args.event_column,
         time_column=args.time_column,
         component_column=args.component_column,
         cause_column=args.cause_column,
         repair_column=args.repair_column,
+        system_column=args.system_column,
         end=args.end,
     )
+    for note in log.notes:  # before any refusal below: they may be why
+        print(f"note: {note}", file=sys.stderr)
+    if log.durations_s.size == 0 and log.shape == "lifetimes":
+        raise InputError(f"{args.file}: no lifetime longer than 0 in the log: nothing to fit")
     if log.durations_s.size == 0:
-        raise InputError(f"{args.file}: no lifetimes in the log (fewer than two failures?)")
+        raise InputError(
+            f"{args.file}: no lifetimes in the log (a lifetime is the gap between two failures"
+            f"{' of one component' if log.components else ''}: fewer than two were logged)"
+        )
     if log.events == 0:
         raise InputError(f"{args.file}: every lifetime is censored (no failures): nothing to fit")
     result = fit_log(log)
+    notes: list[str] = []
+    if args.repair_unit and "repair" not in (log.columns or {}):
+        notes.append("--repair-unit is unused: the log has no repair column")
+    system_gaps = log.shape == "timestamps" and log.components is None
     if scenario_out is not None:
+        if system_gaps and args.gpus:
+            notes.append(
+                f"--gpus {args.gpus} is not written: this log's gaps are the whole system's, so "
+                "the scenario has the system's mtbf_h (see the file's header on adding gpus)"
+            )
+        if not system_gaps and args.gpus is None and log.components:
+            notes.append(
+                f"the scenario's job has the log's {log.components:,} components (gpus = "
+                f"{log.components}); units that never failed are not in a log of failures: "
+                "give --gpus N for the job's real size"
+            )
         fixed = {k: getattr(args, k) for k in ("checkpoint_s", "restart_s", "work_h")}
         data = scenario_from_fit(log, result, name=scenario_out.stem, gpus=args.gpus, **fixed)
         chosen = result.pop("scenario_fit")
         header = [
             f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by AIC "
-            f"({chosen['family']}),",
-            f"fitted to {result['events']} failures and {result['censored']} censored lifetimes.",
+            f"whose mean the log supports ({chosen['family']}),",
+            f"fitted to {result['events']:,} failures and {result['censored']:,} censored "
+            "lifetimes.",
         ]
         for passed in chosen["skipped"]:
-            note = f"passed over a better fit no simulation can sample: {passed}"
+            note = f"passed over a better {passed}"
             header.append(note[0].upper() + note[1:] + ".")
             print(f"warning: --scenario-out {note}", file=sys.stderr)
+        if system_gaps and data["failure"] != "exponential":
+            header += [
+                "mtbf_h and failure are the whole system's time between failures: simulated as",
+                "one component with this shape while the scenario has no gpus. Setting gpus (a",
+                "key, or --gpus, e.g. to price the job) makes failure each GPU's lifetime with",
+                "mean mtbf_h x gpus instead: many GPUs failing on their own clocks come at a",
+                "nearly constant rate, a different process from the one fitted here.",
+            ]
         missing = [k for k in ("checkpoint_s", "restart_s") if k not in data]
         if missing:
             header.append(
@@ -198,6 +354,10 @@ def run(args) -> int:
             scenario_out, lambda tmp: tmp.write_text(text, encoding="utf-8"), "--scenario-out"
         )
         result["scenario"] = data
+    if notes:
+        result["notes"] = [*result.get("notes", []), *notes]
+    for line in _warnings(args, result, notes):
+        print(line, file=sys.stderr)
     if plot is not None:
         _plot(args, log, result, plot)
     if args.json:

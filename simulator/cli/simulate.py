@@ -46,10 +46,12 @@ examples:
   ckptsim simulate --gpus 1024 --gpu-mtbf-h 50000 --checkpoint-s 90 --restart-s 900 \\
       --work-h 720 --interval-s 3600 --spares 2 --repair-h 24 --out runs.parquet
 
-  ckptsim simulate --gpus 4096 --gpu-mtbf-h 50000 --checkpoint-s 60 --restart-s 600 \\
-      --work-h 500 --trace my-failures.csv --time-column failed_at --trace-start random
-      replay a real failure log (timestamps, or numbers with --unit) instead of a model
-  ckptsim simulate --scenario llama3-tiers --trace log.csv --cause-column cause \
+  ckptsim simulate --gpus 4096 --checkpoint-s 60 --restart-s 600 --work-h 500 \\
+      --usd-per-gpu-hour 2 --trace my-failures.csv --time-column failed_at --trace-start random
+      replay a real failure log (timestamps, or numbers with --unit) instead of a model; with
+      no failure rate given the policy plans with the log's own MTBF (give --mtbf-h or
+      --gpu-mtbf-h to see what planning for another rate costs on these failures)
+  ckptsim simulate --scenario llama3-tiers --trace log.csv --cause-column cause \\
       --cause-class "GPU HBM3"=gpu --cause-class "Network switch"=network ...
       replay a log against failure classes and tiers: each failure restores from the tier
       that survives its class
@@ -114,9 +116,12 @@ def register(subparsers) -> None:
         "trace replay",
         "--trace replays the failure times of a log (CSV or Parquet, one failure per row)\n"
         "instead of drawing them from the failure model: a replica meets exactly the log's\n"
-        "failures within its wall time. Numbers are times since the job's start; with\n"
-        "timestamps the job starts at the first. Without a failure rate, the log's gives the\n"
-        "policy its MTBF (span / failures).",
+        "failures within its wall time, whatever --gpus says (--gpus prices the job). The log\n"
+        "is read as `ckptsim fit` reads it (rows at one instant are one failure; blank times\n"
+        "are refused). Numbers are times since the job's start; with timestamps the job starts\n"
+        "at the first. The policy plans with the scenario's MTBF if it has one, else the\n"
+        "log's (span / failures); the output shows both. --failure, --node-mtbf-h and\n"
+        "--component-age describe the model a trace replaces, so they are refused with it.",
     )
     tr.add_argument("--trace", metavar="FILE", help="failure log to replay")
     tr.add_argument(
@@ -138,6 +143,12 @@ def register(subparsers) -> None:
         "needs one, so that each replayed failure has its class",
     )
     tr.add_argument(
+        "--system-column",
+        metavar="C",
+        help="a log of several systems (a column named system/cluster/machine) is refused: "
+        "replay one system's rows; C = none pools them as one system's failures",
+    )
+    tr.add_argument(
         "--cause-class",
         action="append",
         default=[],
@@ -150,7 +161,8 @@ def register(subparsers) -> None:
         choices=("first", "random"),
         default="first",
         help="first (default): every replica replays the log from its start; random: each "
-        "from its own uniform start within the log (so replicas differ)",
+        "from its own uniform start, at most the log's span less 1.5x the job's expected wall "
+        "time (so replicas differ; a job longer than the log replays it from its start, warned)",
     )
     mc = parser.add_argument_group("Monte Carlo and output")
     mc.add_argument(
@@ -182,31 +194,40 @@ def _scenario(args: argparse.Namespace):
     return scenario_from_args(args), uses_default_preset(args)
 
 
+_REPLAY_REPLACES = (
+    ("failure", "--failure"),
+    ("node_mtbf_h", "--node-mtbf-h"),
+    ("component_age", "--component-age"),
+)
+"""Flags of the failure model that a replayed trace replaces, so they would do nothing."""
+
+
 def _trace(args: argparse.Namespace, scenario):
-    """The replayed failure times (None without --trace) and the scenario they run against;
-    with failure classes, each failure with its class (``model.trace.ClassTrace``)."""
+    """The replay (None without --trace: its times, or times with classes, its own MTBF and
+    whether the policy plans with it) and the scenario it runs against."""
     causes_given = args.cause_column is not None or bool(args.cause_class)
     if args.trace is None:
         if (
             args.time_column is not None or args.unit is not None
-            or args.trace_start != "first" or causes_given
+            or args.trace_start != "first" or causes_given or args.system_column is not None
         ):  # fmt: skip
             raise InputError(
-                "--time-column, --unit, --trace-start, --cause-column and --cause-class need "
-                "--trace FILE"
+                "--time-column, --unit, --trace-start, --cause-column, --cause-class and "
+                "--system-column need --trace FILE"
             )
         return None, scenario
-    from simulator.model.trace import (
-        ClassTrace,
-        TraceStart,
-        classes_of,
-        read_causes,
-        read_trace,
-        trace_mtbf_s,
-    )
+    for field, flag in _REPLAY_REPLACES:
+        if getattr(args, field, None) is not None:
+            raise InputError(
+                f"{flag} sets the failure model, which --trace replaces with the log's own "
+                "failures; give one of them"
+            )
+    from simulator.model.trace import classes_of, read_trace_log, trace_mtbf_s
 
     names = [c.name for c in scenario.failure_classes]
-    read = dict(time_column=args.time_column, unit=args.unit or "h")
+    read = dict(
+        time_column=args.time_column, unit=args.unit or "h", system_column=args.system_column
+    )
     classes = None
     if causes_given or len(names) > 1:
         if not names:
@@ -214,15 +235,49 @@ def _trace(args: argparse.Namespace, scenario):
                 "--cause-column and --cause-class map a log's causes to [[failure_class]] "
                 "tables; this scenario has none"
             )
-        times, causes = read_causes(args.trace, cause_column=args.cause_column, **read)
-        classes = classes_of(causes, names, _cause_map(args.cause_class))
+        log = read_trace_log(args.trace, cause_column=args.cause_column, causes=True, **read)
+        classes = classes_of(log.causes, names, _cause_map(args.cause_class))
     else:  # one class, or none: every failure is of it
-        times = read_trace(args.trace, **read)
-    if not scenario.has_mtbf:
-        scenario = scenario.with_overrides(mtbf_h=trace_mtbf_s(times) / 3600.0)
+        log = read_trace_log(args.trace, **read)
+    for note in log.notes:
+        print(f"note: {note}", file=sys.stderr)
+    times = log.times_s
+    mtbf_h = trace_mtbf_s(times) / 3600.0
+    planned = scenario.has_mtbf
+    if not planned:
+        scenario = scenario.with_overrides(mtbf_h=mtbf_h)
+    else:
+        ignored = [f for f in ("node_mtbf_h",) if getattr(scenario, f, None) is not None]
+        if ignored:
+            print(
+                f"note: the scenario's {', '.join(ignored)} is not simulated: --trace replaces "
+                "its failure model (the policy still plans with the scenario's rate)",
+                file=sys.stderr,
+            )
+    if getattr(args, "gpus", None) is not None:
+        print(
+            f"note: --trace replays the log's failures as logged: --gpus {args.gpus} sizes the "
+            "job (its cost, and with --gpu-mtbf-h the MTBF the policy plans with), not how "
+            "often failures come",
+            file=sys.stderr,
+        )
+    replay = {"times": times, "classes": classes, "mtbf_h": mtbf_h, "planned": planned}
+    return replay, scenario
+
+
+def _failure_times(args, replay, scenario, wall_factor: float):
+    """What the engines replay: the trace from its start, or a ``TraceStart`` whose window
+    leaves 1.5x the job's expected wall time (``wall_factor`` x its work) ahead of each
+    replica's start."""
+    from simulator.model.trace import ClassTrace, TraceStart
+
+    if replay is None:
+        return None
+    times, classes = replay["times"], replay["classes"]
     if args.trace_start == "random":
-        return TraceStart(times, keep_s=(scenario.work_s or 0.0), classes=classes), scenario
-    return (times if classes is None else ClassTrace(times, classes)), scenario
+        keep_s = 1.5 * max(wall_factor, 1.0) * (scenario.work_s or 0.0)
+        return TraceStart(times, keep_s=keep_s, classes=classes)
+    return times if classes is None else ClassTrace(times, classes)
 
 
 def _cause_map(pairs: list[str]) -> dict[str, str]:
@@ -296,16 +351,27 @@ def _tier_schedule(args: argparse.Namespace, scenario):
     return TierSchedule.for_scenario(scenario, given)
 
 
-def _note_trace_end(summary: dict, result, failure_times) -> None:
-    """Warn when replicas outran a trace replayed from its first failure (no failures past its
-    end: optimistic), or met none of it at all (is --unit right?); the summary counts them."""
+def _note_trace_end(summary: dict, result, failure_times, seed) -> None:
+    """Warn when replicas outran the trace (no failures past its end: optimistic), when a
+    random start could not vary them (the job needs the whole trace), or when they met none of
+    it at all (is --unit right?); the summary counts them."""
     from simulator.model.trace import coverage
 
-    got = coverage(failure_times, result.records["wall_h"].to_numpy())
+    got = coverage(failure_times, result.records["wall_h"].to_numpy(), seed)
     if got is None:
         return
     summary["trace_span_h"] = got["span_h"]
     summary["replicas_past_trace_end"] = got["past_end"]
+    if got.get("fixed"):
+        summary["trace_start"] = "first (the job needs the whole trace)"
+        print(
+            f"warning: --trace-start random: the job's expected wall time (with a 1.5x margin) "
+            f"is longer than the trace ({got['span_h']:,.1f} h), so every replica replays it "
+            "from its start and meets the same failures; replay a longer trace",
+            file=sys.stderr,
+        )
+    elif "fixed" in got:
+        summary["trace_start"] = "random"
     if got["first_h"] is not None and got["first_h"] > got["longest_h"]:
         print(
             f"warning: no failure of the trace came within any replica's wall time (the first "
@@ -313,7 +379,14 @@ def _note_trace_end(summary: dict, result, failure_times) -> None:
             "is --unit right? (numbers are hours unless --unit says)",
             file=sys.stderr,
         )
-    if got["past_end"]:
+    if got["past_end"] and "fixed" in got and not got["fixed"]:
+        print(
+            f"warning: {got['past_end']} of {got['replicas']} replicas ran past the end of the "
+            f"trace ({got['span_h']:,.1f} h) from their random start and met no failure after "
+            "it: their results are optimistic; replay a longer trace",
+            file=sys.stderr,
+        )
+    elif got["past_end"]:
         print(
             f"warning: the trace's failures end {got['span_h']:,.1f} h in, but "
             f"{got['past_end']} of {got['replicas']} replicas ran longer (up to "
@@ -340,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = output_path(args, OUT_SUFFIXES)  # before the work, not after it
     scenario, default = _scenario(args)
-    failure_times, scenario = _trace(args, scenario)
+    replay, scenario = _trace(args, scenario)
     require_failure_rate(scenario)
     require_work(scenario)
     if default:
@@ -368,6 +441,7 @@ def run(args: argparse.Namespace) -> int:
         intervals = budget.policy_intervals(scenario, [policy])
         est = budget.estimate(scenario, intervals, args.replicas, engine=engine, workers=workers)
     enforce_budget(args, est, workers)
+    failure_times = _failure_times(args, replay, scenario, est.wall_factor)
     result = simulate(
         scenario,
         policy,
@@ -383,7 +457,12 @@ def run(args: argparse.Namespace) -> int:
     for key, value in (("prior_mtbf_h", args.prior_mtbf_h), ("step_s", args.step_s)):
         if value is not None:  # the controller's settings, so saved results tell runs apart
             summary[key] = value
-    _note_trace_end(summary, result, failure_times)
+    if replay is not None:
+        # The job meets the log's failures: its MTBF is the log's; the policy's may differ.
+        summary["planned_mtbf_h"] = summary["mtbf_h"]
+        summary["mtbf_h"] = replay["mtbf_h"]
+        summary["trace_failures"] = len(replay["times"])
+    _note_trace_end(summary, result, failure_times, args.seed)
     if out is not None:
         summary["out"] = str(result.to_file(out))
     if args.json:
@@ -425,10 +504,19 @@ def render(s: dict) -> str:
         policy += f", prior MTBF {s['prior_mtbf_h']:g} h"
     if s.get("step_s") is not None:
         policy += f", {s['step_s']:g} s per step"
+    if s.get("trace_failures") is not None:
+        mtbf = (
+            f"job MTBF {s['mtbf_h']:.3g} h (the trace: {s['trace_failures']:,} failures in "
+            f"{s.get('trace_span_h', math.nan):,.1f} h)"
+        )
+        planned = s.get("planned_mtbf_h")
+        if planned is not None and not math.isclose(planned, s["mtbf_h"], rel_tol=1e-3):
+            mtbf += f", the policy plans with the scenario's {planned:.3g} h"
+    else:
+        mtbf = f"job MTBF {s['mtbf_h']:.3g} h ({s['failure']})"
     head = (
         f"{s['scenario']}: {s['replicas']} replicas on the {s['engine']} engine, seed {s['seed']}, "
-        f"policy {policy}, "
-        f"job MTBF {s['mtbf_h']:.3g} h ({s['failure']}), work {s['work_h']:,.1f} h"
+        f"policy {policy}, {mtbf}, work {s['work_h']:,.1f} h"
     )
     lines = [head, ""]
     cols = ("mean", "95% CI of mean", "p50", "p90", "p99")

@@ -14,6 +14,14 @@ mapped back, so they stay positive). ``fit_all`` ranks families by AIC = 2k - 2 
 censored data): the largest gap between the two survival curves and the share of failure
 times at which the fit lies inside Kaplan–Meier's 95% band. ``failure_spec`` turns a fit into
 the scenario's ``failure`` string (the mean goes in ``gpu_mtbf_h`` or ``mtbf_h``).
+
+``fit_log`` fits a whole ``faillog.FailureLog``: every family that can be fitted (one that
+cannot, e.g. a Weibull on failures all of one length, is skipped with the reason), per cause
+(a cause with too few failures is skipped, said, and still counts overall) and for repairs.
+``extrapolation`` flags a best fit whose mean lies more than ``PLAUSIBLE_FACTOR`` times from
+the log's own mean (exposure over failures, the exponential MLE) or past that many times the
+longest time observed; ``scenario_from_fit`` then writes the best family whose mean the log
+supports, and says which it passed over and why.
 """
 
 from __future__ import annotations
@@ -30,8 +38,11 @@ from simulator.model.failures import Exponential, Lifetime, LogNormal, Weibull
 
 __all__ = [
     "FAMILIES",
+    "PLAUSIBLE_FACTOR",
     "FitResult",
     "best_fit",
+    "describe_extrapolation",
+    "extrapolation",
     "failure_spec",
     "fit_all",
     "fit_lifetime",
@@ -235,13 +246,29 @@ def _fit_two_param(family, t, obs) -> FitResult:
         cov, se = None, np.array([np.nan, np.nan])
     p0, scale_u = np.exp(theta)
     scale_s = scale_u * t_ref
-    log_mean = lambda th: math.log(mean_fn(th))  # noqa: E731
+
+    def log_mean(th):
+        try:
+            return math.log(mean_fn(th))
+        except (OverflowError, ValueError):
+            return math.inf
+
     if cov is not None:
         g = _gradient(log_mean, theta)
         se_mean = math.sqrt(max(float(g @ cov @ g), 0.0))
     else:
         se_mean = math.nan
-    mean_u = mean_fn(theta)
+    try:
+        mean_u = float(mean_fn(theta))
+        lifetime = factory(float(p0), float(scale_s))
+        finite = math.isfinite(mean_u * t_ref) and math.isfinite(lifetime.mean_s)
+    except (OverflowError, InputError):
+        finite = False
+    if not finite:
+        raise InputError(
+            f"the {family} fit's mean overflows a float on these durations_s (they span too "
+            "many orders of magnitude for it)"
+        )
     ci = {
         names[0]: _log_ci(theta[0], se[0]),
         names[1]: tuple(float(v * t_ref) for v in _log_ci(theta[1], se[1])),
@@ -252,7 +279,7 @@ def _fit_two_param(family, t, obs) -> FitResult:
     return FitResult(
         family=family,
         params={names[0]: float(p0), names[1]: float(scale_s)},
-        lifetime=factory(float(p0), float(scale_s)),
+        lifetime=lifetime,
         log_likelihood=loglik,
         aic=4.0 - 2.0 * loglik,
         n=t.size,
@@ -272,7 +299,8 @@ def fit_lifetime(durations_s, observed, family: str) -> FitResult:
     t, obs = _check(durations_s, observed)
     if family == "exponential":
         return _fit_exponential(t, obs)
-    return _fit_two_param(family, t, obs)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _fit_two_param(family, t, obs)
 
 
 def fit_all(durations_s, observed, families=FAMILIES) -> list[FitResult]:
@@ -366,7 +394,10 @@ def plot_survival(
         _, ax = plt.subplots(figsize=(7, 4.5))
     data = stats.CensoredData(uncensored=t[obs], right=t[~obs])
     km = stats.ecdf(data).sf
-    band = km.confidence_interval(0.95)
+    with warnings.catch_warnings():
+        # Undefined where KM reaches 0 or 1 (as in km_check): those points are not drawn.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        band = km.confidence_interval(0.95)
     x = km.quantiles / time_unit_s
     ax.step(x, km.probabilities, where="post", color=color, lw=1.5, label=label)
     ax.fill_between(
@@ -388,8 +419,76 @@ def plot_survival(
 
 
 # -- a whole failure log ----------------------------------------------------------------
+PLAUSIBLE_FACTOR = 3.0
+"""How far a fitted mean may lie from what the log itself says before it counts as an
+extrapolation: more than this many times the log's own mean time between failures (its
+exposure over its failures, the exponential fit), or less than its inverse, or more than this
+many times the longest time the log observed."""
+
+
+def extrapolation(fit: FitResult, durations_s, observed) -> dict | None:
+    """Why a fit's mean is not one the log supports, or None when it is (see
+    ``PLAUSIBLE_FACTOR``): ``reason`` (``rate`` or ``window``), ``mean_s``, ``log_mean_s``
+    (exposure / failures), ``ratio`` and ``window_s`` (the longest time observed).
+
+    The exponential fit *is* the log's own rate, so it is checked against the window only.
+    """
+    t = np.asarray(durations_s, dtype=float)
+    obs = np.asarray(observed, dtype=bool)
+    events = int(obs.sum())
+    if not events:
+        return None
+    log_mean = float(t.sum()) / events
+    window = float(t.max())
+    ratio = fit.mean_s / log_mean
+    out = {
+        "family": fit.family,
+        "mean_s": fit.mean_s,
+        "log_mean_s": log_mean,
+        "events": events,
+        "exposure_s": float(t.sum()),
+        "ratio": ratio,
+        "window_s": window,
+    }
+    if fit.family != "exponential" and not (
+        1 / PLAUSIBLE_FACTOR <= ratio <= PLAUSIBLE_FACTOR
+    ):  # fmt: skip
+        return {**out, "reason": "rate"}
+    if fit.mean_s > PLAUSIBLE_FACTOR * window:
+        return {**out, "reason": "window"}
+    return None
+
+
+def describe_extrapolation(x: dict, time_unit_s: float = _HOUR, unit: str = "h") -> str:
+    """One line for a person: both numbers, in ``unit``."""
+    mean, log_mean = x["mean_s"] / time_unit_s, x["log_mean_s"] / time_unit_s
+    if x["reason"] == "rate":
+        return (
+            f"its mean, {mean:,.4g} {unit}, is {x['ratio']:,.3g}x the log's own "
+            f"{log_mean:,.4g} {unit} ({x['events']:,} failures in "
+            f"{x['exposure_s'] / time_unit_s:,.4g} {unit} of exposure)"
+        )
+    text = (
+        f"its mean, {mean:,.4g} {unit}, is {x['mean_s'] / x['window_s']:,.3g}x the longest time "
+        f"the log observed ({x['window_s'] / time_unit_s:,.4g} {unit})"
+    )
+    if x["family"] == "exponential":  # the log's own rate; only its shape is assumed
+        text += ": the rate is the log's, the constant hazard past what was seen an assumption"
+    return text
+
+
 def _fit_block(durations_s, observed) -> dict:
-    fits = fit_all(durations_s, observed)
+    """Every family that can be fitted (the others in ``skipped`` with the reason), best
+    first, each with its Kaplan-Meier distance; ``extrapolation`` for the best, if it is one."""
+    fits, skipped = [], []
+    for family in FAMILIES:
+        try:
+            fits.append(fit_lifetime(durations_s, observed, family))
+        except InputError as exc:
+            if family == "exponential":  # the log itself is unfit (no failures, ...)
+                raise
+            skipped.append({"family": family, "reason": str(exc)})
+    fits.sort(key=lambda r: r.aic)
     rows = []
     for f in fits:
         rows.append(
@@ -403,7 +502,13 @@ def _fit_block(durations_s, observed) -> dict:
                 "km": km_check(durations_s, observed, f),
             }
         )
-    return {"fits": fits, "families": rows, "best": fits[0].family}
+    block = {"fits": fits, "families": rows, "best": fits[0].family}
+    if skipped:
+        block["skipped_families"] = skipped
+    extra = extrapolation(fits[0], durations_s, observed)
+    if extra is not None:
+        block["extrapolation"] = extra
+    return block
 
 
 def _repair_block(repair_s) -> dict | None:
@@ -416,18 +521,28 @@ def _repair_block(repair_s) -> dict | None:
     return block
 
 
+MIN_CAUSE_FAILURES = 2
+"""A cause with fewer failures gets no fit of its own (it still counts in the overall fit)."""
+
+
 def fit_log(log) -> dict:
     """Every family fitted to a ``faillog.FailureLog``: the dict ``ckptsim fit --json`` prints
-    (with ``fits``, the ``FitResult`` objects, best first), per cause and for repairs too."""
+    (with ``fits``, the ``FitResult`` objects, best first), per cause and for repairs too.
+
+    A cause with fewer than ``MIN_CAUSE_FAILURES`` failures, or one no family can be fitted
+    to, is left out of the per-cause fits and said in ``causes_skipped``; failures without a
+    cause (blank) count in the overall fit only (``blank_causes``)."""
     result = {
         "shape": log.shape,
-        "columns": {k: v for k, v in (log.columns or {}).items() if v is not None},
+        "columns": {k: str(v) for k, v in (log.columns or {}).items() if v is not None},
         "units": int(log.durations_s.size),
         "events": log.events,
         "censored": log.censored,
     }
     if log.components is not None:
         result["components"] = log.components
+    if getattr(log, "notes", ()):
+        result["notes"] = list(log.notes)
     block = _fit_block(log.durations_s, log.observed)
     result.update(block)
     if log.repair_s is not None:
@@ -435,56 +550,77 @@ def fit_log(log) -> dict:
         if rep is not None:
             result["repair"] = rep
     if log.causes is not None:
+        named = np.array([c is not None for c in log.causes], dtype=bool)
+        result["blank_causes"] = int((named == 0)[log.observed].sum())
         names, counts = np.unique(
             np.asarray([c for c in log.causes if c is not None], dtype=str), return_counts=True
         )
-        causes = {}
-        for name, count in zip(names, counts, strict=True):
-            if count < 2:
-                raise InputError(
-                    f"cause {name!r} has a single failure: a per-cause fit needs two or more "
-                    "(merge or drop its rows, or name no cause column)"
+        causes, skipped = {}, {}
+        for name, count in zip(names.tolist(), counts.tolist(), strict=True):
+            if count < MIN_CAUSE_FAILURES:
+                skipped[name] = (
+                    f"{count} failure{'s' if count != 1 else ''}; a fit of its own needs "
+                    f"{MIN_CAUSE_FAILURES} or more"
                 )
+                continue
             hit = np.asarray([c == name for c in log.causes])
             try:
                 sub = _fit_block(log.durations_s, hit)
             except InputError as exc:
-                raise InputError(f"cause {name!r}: {exc}") from None
+                skipped[name] = str(exc)
+                continue
             sub["events"] = int(count)
             sub["censored"] = int(hit.size - count)
             if log.repair_s is not None and log.repair_causes is not None:
                 rep = _repair_block(log.repair_s[log.repair_causes == name])
                 if rep is not None:
                     sub["repair"] = rep
-            causes[str(name)] = sub
+            causes[name] = sub
         result["causes"] = causes
+        if skipped:
+            result["causes_skipped"] = skipped
     return result
+
+
+def _simulable(fits, durations_s, observed):
+    """The best fit (by AIC) that a simulation can sample and whose mean the data support (the
+    exponential fit, the data's own rate, always does), and why each better one was passed
+    over."""
+    from simulator.model.failures import parse_failure
+
+    skipped = []
+    for best in fits:
+        try:
+            parse_failure(failure_spec(best), best.mean_s)
+        except InputError as exc:
+            skipped.append(f"no simulation can sample: {failure_spec(best)} ({exc})")
+            continue
+        extra = extrapolation(best, durations_s, observed)
+        if extra is not None and best.family != "exponential":
+            skipped.append(
+                f"whose mean the log does not support: {failure_spec(best)} "
+                f"({describe_extrapolation(extra)})"
+            )
+            continue
+        return best, skipped
+    # Only if the exponential fit itself cannot be sampled.
+    raise InputError(
+        "--scenario-out: no fitted family is one a simulation can sample ("
+        + "; ".join(skipped)
+        + "); try --failure empirical:FILE with this log instead"
+    )
 
 
 def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, **fixed) -> dict:
     """A scenario mapping from ``fit_log``'s best fit (validated as ``optimize`` would take
     it): ``mtbf_h`` for a system's gaps, else ``gpus`` units of one GPU each at ``gpu_mtbf_h``;
-    ``fixed`` (checkpoint_s, restart_s, work_h) are laid over it where not None."""
-    from simulator.model.failures import parse_failure
+    ``fixed`` (checkpoint_s, restart_s, work_h) are laid over it where not None.
 
-    # The best fit by AIC that a simulation can sample: a lognormal sigma or Weibull shape
-    # past what --failure accepts (a log whose censored tail dominates) is passed over for
-    # the next best, and the result says so (result["scenario_fit"]).
-    skipped = []
-    for best in result["fits"]:
-        try:
-            parse_failure(failure_spec(best), best.mean_s)
-        except InputError as exc:
-            skipped.append(f"{failure_spec(best)} ({exc})")
-            continue
-        break
-    else:
-        raise InputError(
-            "--scenario-out: no fitted family is one a simulation can sample ("
-            + "; ".join(skipped)
-            + "); try --failure empirical:FILE with this log instead"
-        )
-    result["scenario_fit"] = {"family": best.family, "skipped": skipped}
+    The family written is the best by AIC that a simulation can sample and whose mean the log
+    supports (``extrapolation``: the exponential fit, the log's own rate, always is); each
+    better one passed over is named with the reason in ``result["scenario_fit"]``."""
+    best, skipped = _simulable(result["fits"], log.durations_s, log.observed)
+    result["scenario_fit"] = {"family": best.family, "skipped": [f"fit {p}" for p in skipped]}
     data: dict = {"name": name, "failure": failure_spec(best)}
     mean_h = best.mean_s / 3600.0
     if log.shape == "timestamps" and log.components is None:
@@ -494,15 +630,21 @@ def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, 
         gpus = gpus or log.components
         if gpus is None:
             raise InputError(
-                "--scenario-out from a lifetimes log needs --gpus N: how many units like "
-                "the log's the job runs on"
+                "--scenario-out from a lifetimes log needs --gpus N, the number of units like "
+                "the log's that the job runs on (each a node of one GPU at the fitted mean), "
+                "e.g. --scenario-out mine.toml --gpus 1024"
             )
         # Each logged unit fails as a whole, so it is a node of one GPU.
         data.update(gpus=gpus, gpus_per_node=1, gpu_mtbf_h=mean_h)
     rep = result.get("repair")
     if rep is not None:
-        data["repair_h"] = rep["fits"][0].mean_s / 3600.0
-        data["repair"] = failure_spec(rep["fits"][0])
+        r = np.asarray(log.repair_s, float)
+        r = r[np.isfinite(r) & (r > 0)]
+        chosen, passed = _simulable(rep["fits"], r, np.ones(r.size, bool))
+        result["scenario_fit"]["repair_family"] = chosen.family
+        result["scenario_fit"]["skipped"] += [f"repair fit {p}" for p in passed]
+        data["repair_h"] = chosen.mean_s / 3600.0
+        data["repair"] = failure_spec(chosen)
     data.update({k: v for k, v in fixed.items() if v is not None})
     from simulator.model.scenario import Scenario
 

@@ -50,6 +50,7 @@ __all__ = [
     "LogNormal",
     "MinOf",
     "Weibull",
+    "empirical_notes",
     "empirical_path",
     "first_failure",
     "load_empirical",
@@ -503,7 +504,21 @@ def _load_empirical(real: str, mtime_ns: int, size: int, shown: str) -> Empirica
     life = Empirical(log.durations_s, log.observed)
     if not life.mean_s > 0:
         raise InputError(f"empirical:{shown}: every lifetime in the log is 0")
+    life.notes = tuple(log.notes)  # what the reader merged or left out, for the CLI to say
     return life
+
+
+def empirical_notes(specs) -> list[str]:
+    """The reader's notes (rows merged or left out, ...) of each ``empirical:FILE`` among
+    ``specs``, once per file, each prefixed with its spec: what a command says before it uses
+    the logs."""
+    out, seen = [], set()
+    for spec in specs:
+        path = empirical_path(spec) if isinstance(spec, str) else None
+        if path and path not in seen:
+            seen.add(path)
+            out += [f"empirical:{path}: {n}" for n in getattr(load_empirical(path), "notes", ())]
+    return out
 
 
 def parse_failure(spec: str, mean_s: float) -> Lifetime:

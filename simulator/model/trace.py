@@ -33,6 +33,7 @@ __all__ = [
     "coverage",
     "read_causes",
     "read_trace",
+    "read_trace_log",
     "trace_mtbf_s",
 ]
 
@@ -90,17 +91,32 @@ class TraceFailures:
         return self._times[self._next - 1], self._classes[self._next - 1]
 
 
-def coverage(failure_times, walls_h) -> dict | None:
-    """How replicas of ``walls_h`` hours sat in a trace replayed from its start (failure times
-    in seconds, an array; None for a per-replica window, ``TraceStart``, or no trace):
-    ``span_h`` to its last failure, ``first_h`` to its first after time 0 (None if none),
-    ``past_end`` replicas that ran beyond the last (optimistic: no failures came there),
-    ``longest_h`` and ``replicas``."""
+def coverage(failure_times, walls_h, seed=None) -> dict | None:
+    """How replicas of ``walls_h`` hours sat in a replayed trace (an array of failure times in
+    seconds, a ``ClassTrace``, or a ``TraceStart`` with the run's ``seed``; None for no
+    trace): ``span_h`` to its last failure, ``first_h`` to its first after the start (None if
+    none), ``past_end`` replicas that ran beyond the trace left after their start (optimistic:
+    no failures came there), ``longest_h``, ``replicas``, and for a ``TraceStart`` ``fixed``
+    (every replica started at 0: the job needs the whole trace)."""
+    walls = np.asarray(walls_h, dtype=float)
+    if isinstance(failure_times, TraceStart):
+        draw = failure_times
+        if not draw.times.size:
+            return None
+        left_h = draw.remaining_s(seed, walls.size) / 3600.0
+        hitting = draw.times[draw.times > 0]
+        return {
+            "span_h": draw.span / 3600.0,
+            "first_h": float(hitting[0]) / 3600.0 if hitting.size else None,
+            "past_end": int((walls > left_h).sum()),
+            "longest_h": float(walls.max()),
+            "replicas": int(walls.size),
+            "fixed": draw.fixed,
+        }
     if isinstance(failure_times, ClassTrace):
         failure_times = failure_times.times_s
     if not isinstance(failure_times, np.ndarray) or not failure_times.size:
         return None
-    walls = np.asarray(walls_h, dtype=float)
     hitting = failure_times[failure_times > 0]
     span_h = float(failure_times[-1]) / 3600.0
     return {
@@ -115,13 +131,14 @@ def coverage(failure_times, walls_h) -> dict | None:
 def read_trace(path, *, time_column: str | None = None, unit: str = "h") -> np.ndarray:
     """Sorted failure times (s since the job's start) from the log at ``path``; one-line errors.
 
-    The log is read as ``ckptsim fit`` reads it (``simulator.fitting.faillog``: CSV or Parquet, the
-    time column named or recognised). Numbers are times since the job started in ``unit``
-    (s, min, h or d; hours by default, as ``ckptsim fit`` reads a log). Dates are parsed by
-    pandas; the job starts at the first of them (that row marks the start, it is not a failure
-    that hits the job).
+    The log is read by the reader and the rules ``ckptsim fit`` uses
+    (``simulator.fitting.faillog.read_failure_times``: CSV or Parquet, the time column named or
+    recognised, blank times refused, rows at one instant one failure). Numbers are times since
+    the job started in ``unit`` (s, min, h or d; hours by default, as ``ckptsim fit`` reads a
+    log). Dates are parsed by pandas; the job starts at the first of them (that row marks the
+    start, it is not a failure that hits the job).
     """
-    return _read(path, time_column, unit, None)[0]
+    return read_trace_log(path, time_column=time_column, unit=unit).times_s
 
 
 def read_causes(
@@ -129,49 +146,45 @@ def read_causes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The failure times of :func:`read_trace` and each one's cause (as text, in the same
     order), from the log's cause column (``cause_column``, or one ``ckptsim fit`` recognises
-    by name: cause, category, reason, type). A row without a cause is an error."""
-    times, causes = _read(path, time_column, unit, cause_column or "")
-    return times, causes
+    by name: cause, category, reason, type). A failure without a cause is an error: a replay
+    against failure classes needs each one's class."""
+    log = read_trace_log(path, time_column=time_column, unit=unit, cause_column=cause_column,
+                         causes=True)  # fmt: skip
+    return log.times_s, log.causes
 
 
-def _read(path, time_column, unit, cause_column):
-    """(times, causes or None) of the log; ``cause_column`` None: no causes, "": the one the
-    log's column names give."""
-    from simulator.fitting.faillog import UNITS, parse_times, pick_column, read_table
+def read_trace_log(
+    path,
+    *,
+    time_column: str | None = None,
+    unit: str = "h",
+    cause_column: str | None = None,
+    causes: bool = False,
+    system_column: str | None = None,
+):
+    """The log as ``faillog.FailureTimes`` (times, causes, the columns used and the notes of
+    what the reading rules merged), with a failure without a cause refused when ``causes``."""
+    from simulator.fitting.faillog import read_failure_times
 
-    if unit not in UNITS:
-        raise InputError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
-    df = read_table(path)
-    where = str(path)
-    if df.empty:
-        raise InputError(f"{where}: the failure log has no rows")
-    column = pick_column(df, "time", time_column, required=True)
-    df = df[df[column].notna()]
-    if df.empty:
-        raise InputError(f"{where}: column {column!r} holds no failure times")
-    causes = None
-    if cause_column is not None:
-        named = pick_column(df, "cause", cause_column or None, required=True)
-        if named == column:
-            raise InputError(f"{where}: column {named!r} cannot hold both times and causes")
-        blank = df[named].isna() | (df[named].astype(str).str.strip() == "")
+    log = read_failure_times(
+        path,
+        unit=unit,
+        time_column=time_column,
+        cause_column=cause_column,
+        causes=causes,
+        system_column=system_column,
+    )
+    if causes:
+        blank = np.array([c is None for c in log.causes], dtype=bool)
         if blank.any():
-            row = int(np.flatnonzero(blank.to_numpy())[0]) + 1
-            raise InputError(f"{where}: column {named!r} row {row}: a failure with no cause")
-        causes = df[named].astype(str).str.strip().to_numpy()
-    seconds, dates = parse_times(df[column], column, UNITS[unit])
-    order = np.argsort(seconds, kind="stable")
-    seconds = seconds[order]
-    if causes is not None:
-        causes = causes[order]
-    if dates:
-        seconds = (seconds - seconds[0])[1:]
-        causes = None if causes is None else causes[1:]
-    if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
-        raise InputError(f"{where}: failure times must be finite and not negative")
-    if seconds.size < 1 or seconds[-1] <= 0:
-        raise InputError(f"{where}: the log holds no failure after the job's start")
-    return seconds, causes
+            col = log.columns.get("cause")
+            row = int(np.min(log.rows[blank])) + 1
+            raise InputError(
+                f"{path}: column {str(col)!r} row {row}: a failure with no cause "
+                f"({int(blank.sum()):,} in all), so no failure class to replay it as; fill them "
+                "in, or leave those rows out"
+            )
+    return log
 
 
 def classes_of(causes, classes, mapping: dict[str, str] | None = None) -> np.ndarray:
@@ -208,9 +221,12 @@ def trace_mtbf_s(times_s) -> float:
 class TraceStart:
     """A replica's failure times: the trace replayed from a start drawn from its own stream.
 
-    The start is uniform over [0, span - ``keep_s``] (so a job of that length still has trace
-    ahead of it where it can); times are relative to the start. Picklable, so worker
-    processes and both engines take it as ``failure_times``.
+    The start is uniform over [0, span - ``keep_s``], so a replica that runs ``keep_s`` still
+    has trace ahead of it (give the job's expected *wall* time, with a margin: a replica's
+    wall time, not its work, is what it spends in the trace); times are relative to the start.
+    When ``keep_s`` is the whole span or more, every replica starts at 0 and replays the same
+    failures (``fixed``). Picklable, so worker processes and both engines take it as
+    ``failure_times``; ``remaining_s`` recovers each replica's trace left after its start.
     """
 
     def __init__(self, times_s, keep_s: float = 0.0, classes=None):
@@ -219,11 +235,29 @@ class TraceStart:
         self.times = times[order]
         self.classes = None if classes is None else np.asarray(classes, dtype=object)[order]
         self.span = float(self.times[-1]) if self.times.size else 0.0
-        self.keep_s = max(0.0, min(float(keep_s), self.span))
+        self.wanted_s = max(0.0, float(keep_s))
+        self.keep_s = min(self.wanted_s, self.span)
+
+    @property
+    def fixed(self) -> bool:
+        """Whether every replica starts at 0 (the job needs the whole trace or more)."""
+        return self.keep_s >= self.span
+
+    def start_s(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(0.0, self.span - self.keep_s))
 
     def __call__(self, rng: np.random.Generator):
-        start = rng.uniform(0.0, self.span - self.keep_s)
+        start = self.start_s(rng)
         kept = self.times >= start
         if self.classes is None:
             return self.times[kept] - start
         return ClassTrace(self.times[kept] - start, self.classes[kept])
+
+    def remaining_s(self, seed, replicas: int) -> np.ndarray:
+        """The trace left after each replica's start (s), for a run of ``replicas`` from
+        ``seed``: the engines hand replica i the GPU stream of ``replica_seed(seed, i)``."""
+        from simulator.engines.streams import GPU, replica_seed, replica_streams
+
+        starts = [self.start_s(replica_streams(replica_seed(seed, i))[GPU]) for i in
+                  range(replicas)]  # fmt: skip
+        return self.span - np.asarray(starts, dtype=float)
