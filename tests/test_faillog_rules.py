@@ -139,7 +139,7 @@ def test_a_log_of_several_systems_is_refused_without_a_component_and_split_with_
 
 def test_two_columns_fit_for_one_role_are_refused_in_one_line_naming_the_flag(capsys, tmp_path):
     log = tmp_path / "log.csv"
-    log.write_text("time,cause,category\n1,a,x\n2,b,y\n4,a,x\n")
+    log.write_text("time,cause,category\n1,a,x\n2,b,y\n4,a,x\n7,b,x\n11,a,y\n")
     line = one_line_error(*cli(capsys, "fit", log))
     assert "'cause' and 'category'" in line and "--cause-column C (or none)" in line
     got, _ = fit_json(capsys, log, "--cause-column", "category")
@@ -247,6 +247,18 @@ def test_a_rare_or_blank_cause_leaves_the_overall_fit_and_the_other_causes(capsy
     for off in ("none", ""):
         got, _ = fit_json(capsys, log, "--cause-column", off)
         assert "causes" not in got and "cause" not in got["columns"]
+
+
+def test_a_cause_column_of_which_no_cause_can_be_fitted_is_one_line_and_status_2(capsys, tmp_path):
+    # Issue 15 lists "a cause column with one class of one event" among the bad logs: the
+    # per-cause fits it asks for cannot be given, so it is refused, naming the way out.
+    log = tmp_path / "log.csv"
+    log.write_text("duration,event,cause\n10,1,gpu\n20,0,gpu\n30,0,gpu\n")
+    err = one_line_error(*cli(capsys, "fit", log))
+    assert "no cause in the log has a fit of its own (cause 'gpu': 1 failure" in err
+    assert "--cause-column none" in err
+    got, _ = fit_json(capsys, log, "--cause-column", "none")
+    assert got["events"] == 1 and "causes" not in got
 
 
 # -- 6, 7: no tracebacks; blank components refused ------------------------------------------------

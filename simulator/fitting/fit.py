@@ -531,7 +531,9 @@ def fit_log(log) -> dict:
 
     A cause with fewer than ``MIN_CAUSE_FAILURES`` failures, or one no family can be fitted
     to, is left out of the per-cause fits and said in ``causes_skipped``; failures without a
-    cause (blank) count in the overall fit only (``blank_causes``)."""
+    cause (blank) count in the overall fit only (``blank_causes``). A cause column of which no
+    cause can be fitted (one class of one failure, say) is an ``InputError``: the per-cause
+    fits it asks for cannot be given."""
     result = {
         "shape": log.shape,
         "columns": {k: str(v) for k, v in (log.columns or {}).items() if v is not None},
@@ -576,6 +578,13 @@ def fit_log(log) -> dict:
                 if rep is not None:
                     sub["repair"] = rep
             causes[name] = sub
+        if skipped and not causes:  # a cause column, and not one cause it can fit
+            first = next(iter(skipped.items()))
+            raise InputError(
+                f"no cause in the log has a fit of its own (cause {first[0]!r}: {first[1]}"
+                + (f"; and {len(skipped) - 1} more" if len(skipped) > 1 else "")
+                + "): give --cause-column none to fit the log as a whole"
+            )
         result["causes"] = causes
         if skipped:
             result["causes_skipped"] = skipped
