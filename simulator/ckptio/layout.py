@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +27,37 @@ _CRC_CHUNK = 64 << 20  # bounded slices keep the GIL released in long, cache-fri
 try:  # ISA-L's CRC-32: the same polynomial and values as zlib's, ~4x faster (carry-less mul)
     from isal.isal_zlib import crc32
 except ImportError:  # no wheel for this platform: zlib's, slower but identical
-    from zlib import crc32  # noqa: F401 (re-exported to read and write)
+    from zlib import crc32
 
 MAX_MANIFEST_BYTES = 64 << 20
 """A manifest is ~60 bytes per file: this allows a million files and refuses a planted giant."""
 MAX_HEADER_BYTES = 100_000_000
 """The safetensors library's own limit on a header; a longer stated length is a corrupt file."""
+
+DTYPES: dict[str, torch.dtype] = {
+    name: dtype
+    for name, dtype in (
+        ("BOOL", torch.bool),
+        ("U8", torch.uint8),
+        ("I8", torch.int8),
+        ("I16", torch.int16),
+        ("U16", getattr(torch, "uint16", None)),
+        ("I32", torch.int32),
+        ("U32", getattr(torch, "uint32", None)),
+        ("I64", torch.int64),
+        ("U64", getattr(torch, "uint64", None)),
+        ("F16", torch.float16),
+        ("BF16", torch.bfloat16),
+        ("F32", torch.float32),
+        ("F64", torch.float64),
+        ("F8_E4M3", getattr(torch, "float8_e4m3fn", None)),
+        ("F8_E5M2", getattr(torch, "float8_e5m2", None)),
+    )
+    if dtype is not None
+}
+"""The safetensors dtype names ckptio reads and writes, as torch dtypes (the library's own
+table; a tensor of any other dtype is refused before anything is written)."""
+DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 
 DCP_METADATA = ".metadata"
 """torch.distributed.checkpoint's index of a checkpoint (rank 0 writes it last)."""
@@ -152,3 +178,61 @@ def is_temp_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is the temporary directory of an unfinished (or crashed) write."""
     name = Path(path).name
     return name.startswith(".") and _TEMP_MARK in name
+
+
+CRC_BATCH = 8 << 20
+"""Bytes handed to the CRC thread at once: it (~12 GB/s) trails the I/O by about this much."""
+
+
+class CrcTrail:
+    """The CRC-32 of byte slices handed over in order, computed in one worker thread that
+    trails whoever produces them (a restore's reads, a save's writes), so the checksum costs
+    no extra pass over the bytes.
+
+    Slices go over in batches of ~:data:`CRC_BATCH` bytes (a GPT's hundreds of small tensors
+    would otherwise cost a thread hand-off each) and must stay unchanged and alive until the
+    trail is closed; leaving the ``with`` block waits for the thread, and :attr:`value` is the
+    CRC of everything added (None when ``enabled`` is False: then nothing is computed)."""
+
+    def __init__(self, start: int = 0, *, enabled: bool = True):
+        self._crc = start
+        self._batch: list[memoryview] = []
+        self._batched = 0
+        self._futures: list[Future] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptio-crc") if enabled else None
+
+    def add(self, chunk: memoryview) -> None:
+        if self._pool is None:
+            return
+        self._batch.append(chunk)
+        self._batched += len(chunk)
+        if self._batched >= CRC_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._batch and self._pool is not None:
+            self._futures.append(self._pool.submit(self._steps, tuple(self._batch)))
+            self._batch, self._batched = [], 0
+
+    def _steps(self, chunks: tuple[memoryview, ...]) -> None:  # one worker: in order
+        crc = self._crc
+        for chunk in chunks:
+            crc = crc32(chunk, crc)
+        self._crc = crc
+
+    def __enter__(self) -> CrcTrail:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if self._pool is None:
+            return
+        if exc_type is None:
+            self._flush()
+        self._pool.shutdown(wait=True)  # no slice is read once the caller may free it
+        if exc_type is None:
+            for future in self._futures:
+                future.result()  # an error in the thread surfaces here
+
+    @property
+    def value(self) -> int | None:
+        return None if self._pool is None else self._crc

@@ -20,7 +20,6 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,6 +30,7 @@ from simulator.ckptio.layout import (
     _CRC_CHUNK,
     DCP_DATA,
     DCP_METADATA,
+    DTYPES,
     FORMAT,
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -38,6 +38,7 @@ from simulator.ckptio.layout import (
     TENSOR_FILE,
     VERSION,
     CorruptCheckpoint,
+    CrcTrail,
     bytes_of,
     crc32,
     header_entries,
@@ -47,6 +48,7 @@ from simulator.ckptio.layout import (
     shown,
     unsafe_name,
 )
+from simulator.ckptio.prefault import Prefaulter
 
 # What a manifest's files must include, by who wrote it: ckptio's own checkpoints (recognised
 # by the "tensors" count only write_checkpoint records, or by their file names),
@@ -115,8 +117,9 @@ def _load_tensors(
 
     One sequential pass with ``readinto`` in :data:`_READ_CHUNK` slices: no file mapping (whose
     4 KiB page faults read a cold file at a fraction of the disk's speed), no intermediate
-    copy, and the checksum of each slice runs in a thread while the next slice is read, so a
-    verified restore costs what reading the file costs. The bytes become tensors only through
+    copy; the checksum of each slice runs in a thread while the next slice is read, and a
+    :class:`~simulator.ckptio.prefault.Prefaulter` maps the fresh tensors' pages in another
+    thread ahead of the reads, so the reader mostly copies. The bytes become tensors only through
     a dtype table and shapes checked against the offsets, never through code in the file.
     """
     with _open_member(file, size) as f:
@@ -130,63 +133,29 @@ def _load_tensors(
                 f"{file}: holds {len(entries)} tensors, the manifest says {count}"
             )
         specs = _tensor_specs(entries, data_len, file)
-        tensors: dict[str, torch.Tensor] = {}
-        state = [crc32(header, crc32(head))]
-
-        def crc_steps(chunks: tuple[memoryview, ...]) -> None:  # one worker: in order
-            for chunk in chunks:
-                state[0] = crc32(chunk, state[0])
-
-        # Slices go to the CRC thread in batches of ~_CRC_BATCH bytes: a GPT's hundreds of
-        # small tensors would otherwise cost a thread hand-off each.
-        batch: list[memoryview] = []
-        batched = 0
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            for name, dtype, shape in specs:
-                t = torch.empty(shape, dtype=dtype)
-                tensors[name] = t
+        # Every tensor is allocated before the first read (the specs tile the file's data, so
+        # this is never more memory than the file holds), so that the prefault thread can map
+        # their pages ahead of the reads that fill them.
+        tensors = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in specs}
+        pos = 0
+        with (
+            Prefaulter(list(tensors.values())) as prefault,
+            CrcTrail(crc32(header, crc32(head)), enabled=checksum) as crc,
+        ):
+            for t in tensors.values():
                 if not t.numel():
                     continue
                 data = memoryview(bytes_of(t))
                 for i in range(0, len(data), _READ_CHUNK):
                     chunk = data[i : i + _READ_CHUNK]
+                    pos += len(chunk)
+                    prefault.reading(pos)
                     _read_exactly(f, chunk, file)
-                    if checksum:
-                        batch.append(chunk)
-                        batched += len(chunk)
-                        if batched >= _CRC_BATCH:
-                            pool.submit(crc_steps, tuple(batch))
-                            batch, batched = [], 0
-            if batch:
-                pool.submit(crc_steps, tuple(batch))
-    return tensors, state[0] if checksum else None
+                    crc.add(chunk)
+    return tensors, crc.value
 
 
 _READ_CHUNK = 64 << 20  # the raw baseline's read size
-_CRC_BATCH = 8 << 20  # the CRC (~12 GB/s) trails the reads by about this much
-
-_DTYPES: dict[str, torch.dtype] = {
-    name: dtype
-    for name, dtype in (
-        ("BOOL", torch.bool),
-        ("U8", torch.uint8),
-        ("I8", torch.int8),
-        ("I16", torch.int16),
-        ("U16", getattr(torch, "uint16", None)),
-        ("I32", torch.int32),
-        ("U32", getattr(torch, "uint32", None)),
-        ("I64", torch.int64),
-        ("U64", getattr(torch, "uint64", None)),
-        ("F16", torch.float16),
-        ("BF16", torch.bfloat16),
-        ("F32", torch.float32),
-        ("F64", torch.float64),
-        ("F8_E4M3", getattr(torch, "float8_e4m3fn", None)),
-        ("F8_E5M2", getattr(torch, "float8_e5m2", None)),
-    )
-    if dtype is not None
-}
-"""The safetensors dtype names this reader maps to torch dtypes (the library's own table)."""
 
 
 def _tensor_specs(
@@ -198,11 +167,11 @@ def _tensor_specs(
     specs, pos = [], 0
     for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
         entry = entries[name]
-        dtype = _DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+        dtype = DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
         if dtype is None:
             raise CorruptCheckpoint(
                 f"{file}: tensor {shown(name)} has dtype {shown(entry.get('dtype'))}, not one of "
-                f"{', '.join(_DTYPES)}"
+                f"{', '.join(DTYPES)}"
             )
         shape = entry.get("shape")
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
