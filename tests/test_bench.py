@@ -230,6 +230,26 @@ def test_restore_is_judged_against_the_raw_read_of_the_same_repeat(tmp_path, cap
     assert restore["goal_min"] == 0.9
     assert [(p["size"], p["n"]) for p in restore["per_size"]] == [("300K", 2), ("1M", 2)]
     assert all(p["mean"] > 0 for p in restore["per_size"])
+    # The per-repeat ratios behind each interval are kept (the report's figure plots them).
+    for p in restore["per_size"]:
+        assert len(p["values"]) == 2 and p["mean"] == pytest.approx(sum(p["values"]) / 2)
+
+
+def test_writer_repeats_are_validated_and_default_to_repeats(tmp_path):
+    with pytest.raises(InputError, match="writer repeats must be at least 1, got 0"):
+        BenchConfig(directory=tmp_path, writers=(1,), writer_repeats=0)
+    assert BenchConfig(directory=tmp_path, repeats=4).writer_repeats is None
+
+
+def test_every_restore_and_raw_read_records_the_page_faults_it_took(tmp_path):
+    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=2)
+    result = run_benchmark(cfg, progress=False)
+    loads = [s for s in result.samples if s.get("bench") != "writers"]
+    assert {s["format"] for s in loads} == {"raw", "ckptsim", "ckptsim-async"}
+    for s in loads:
+        assert isinstance(s["load_minor_faults"], int) and s["load_minor_faults"] >= 0
+    by_format = {r["format"]: r for r in result.results}
+    assert by_format["raw"]["load_minor_faults_median"] is not None
 
 
 @pytest.mark.slow
