@@ -130,9 +130,8 @@ def test_durable_write_starts_write_back_behind_itself_and_a_non_durable_one_doe
     monkeypatch.setattr(ckptio.syscalls, "start_writeback", spy)
     big = {"w": torch.randn(40 << 20 >> 2), "v": torch.randn(40 << 20 >> 2)}  # 80 MB
     write_checkpoint(tmp_path / "a", big, {})
-    # Contiguous ranges from the end of the header, one per 64 MB written, none past the file.
-    size = (tmp_path / "a" / ckptio.TENSOR_FILE).stat().st_size
-    assert len(ranges) == 1 and ranges[0][0] > 0 and sum(ranges[0]) <= size
+    # One range per 64 MB group written but the last (the fsync follows it at once).
+    assert ranges == [(0, 64 << 20)]
     ranges.clear()
     write_checkpoint(tmp_path / "b", big, {}, fsync=False)
     assert ranges == []
@@ -255,6 +254,31 @@ def test_short_then_failing_os_write_leaves_no_partial_checkpoint(tmp_path, monk
     _assert_clean_failure(tmp_path, good)
 
 
+def test_short_gather_writes_are_continued_to_the_last_byte(tmp_path, monkeypatch):
+    real = os.writev
+    calls = []
+
+    def short(fd, buffers):  # at most 100,000 bytes a call, as a full pipe or signal might
+        calls.append(len(buffers))
+        budget, parts = 100_000, []
+        for view in buffers:
+            parts.append(view[: min(budget, len(view))])
+            budget -= len(parts[-1])
+            if not budget:
+                break
+        return real(fd, parts)
+
+    monkeypatch.setattr(os, "writev", short)
+    state = _state() | {"big": torch.randn(1 << 18)}
+    manifest = write_checkpoint(tmp_path / "ck", state, META)
+    monkeypatch.undo()
+    assert len(calls) > 10
+    data = (tmp_path / "ck" / ckptio.TENSOR_FILE).read_bytes()
+    assert manifest["files"][ckptio.TENSOR_FILE]["crc32"] == zlib.crc32(data)
+    loaded = load_file(tmp_path / "ck" / ckptio.TENSOR_FILE)
+    assert all(_bits_equal(loaded[k], v) for k, v in state.items())
+
+
 def test_real_file_size_limit_mid_tensor_write_is_a_clean_error(tmp_path):
     # RLIMIT_FSIZE makes the kernel refuse writes past 64 KiB (EFBIG), inside the safetensors
     # library's own writer: a real write error, not a patched Python function.
@@ -278,16 +302,13 @@ def test_real_file_size_limit_mid_tensor_write_is_a_clean_error(tmp_path):
 
 
 def test_interrupt_during_write_removes_the_temp_dir(tmp_path, monkeypatch):
-    real_write = os.write
-    calls = []
+    real_writev = os.writev
 
-    def interrupted(fd, data):  # Ctrl-C between the header and the tensor bytes
-        calls.append(len(data))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real_write(fd, data)
+    def interrupted(fd, buffers):  # Ctrl-C after the first bytes of the tensor file
+        real_writev(fd, [buffers[0][:100]])
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(os, "write", interrupted)
+    monkeypatch.setattr(os, "writev", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_checkpoint(tmp_path / "ck", _state(), META)
     assert list(tmp_path.iterdir()) == []
@@ -334,7 +355,7 @@ def test_async_write_error_surfaces_once_on_next_call(tmp_path, monkeypatch):
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "write", full)
+    monkeypatch.setattr(os, "writev", full)
     writer.submit(tmp_path / "s1", stage(_state()), {})
     with pytest.raises(CheckpointWriteError, match="No space left"):
         writer.submit(tmp_path / "s2", stage(_state()), {})
@@ -381,6 +402,47 @@ def test_a_verified_restore_reads_the_tensor_file_once_in_plain_reads_not_page_f
     assert size <= read < 1.1 * size
     assert torch.equal(tensors["w"], big) and torch.equal(tensors["b"], torch.arange(7))
     assert tensors["w"].untyped_storage().data_ptr() != tensors["b"].untyped_storage().data_ptr()
+
+
+def test_io_groups_cover_every_buffer_in_order_in_64_mb_scatter_reads():
+    from simulator.ckptio.layout import IO_CHUNK, IOV_MAX, io_groups
+
+    sizes = [5, (64 << 20) + 3, 1 << 20, 0, 130 << 20, *([7] * 3000)]
+    views = [memoryview(bytearray(n)) for n in sizes if n]
+    groups = io_groups(views)
+    assert all(0 < sum(map(len, g)) <= IO_CHUNK and 0 < len(g) <= IOV_MAX for g in groups)
+    assert all(sum(map(len, g)) == IO_CHUNK or len(g) == IOV_MAX for g in groups[:-1])
+    # Concatenated, the pieces are exactly the buffers, each whole and in order.
+    pieces = [piece for g in groups for piece in g]
+    for view in views:
+        at = 0
+        while at < len(view):
+            piece = pieces.pop(0)
+            assert piece.obj is view.obj and len(piece) <= len(view) - at
+            at += len(piece)
+    assert pieces == []
+
+
+def test_a_restore_continues_after_short_reads(tmp_path, monkeypatch):
+    state = {"w": torch.randn(3 << 18), "b": torch.arange(9), "e": torch.empty(0)}
+    write_checkpoint(tmp_path / "ck", state, {"x": 1})
+    real = os.readv
+    calls = []
+
+    def short(fd, buffers):  # at most 100,000 bytes a call, as a slow pipe might give
+        calls.append(len(buffers))
+        budget, parts = 100_000, []
+        for view in buffers:
+            parts.append(view[: min(budget, len(view))])
+            budget -= len(parts[-1])
+            if not budget:
+                break
+        return real(fd, parts)
+
+    monkeypatch.setattr(os, "readv", short)
+    tensors, meta = read_checkpoint(tmp_path / "ck")
+    assert len(calls) > 30 and meta == {"x": 1}
+    assert all(_bits_equal(tensors[k], v) for k, v in state.items())
 
 
 def _minor_faults() -> int:

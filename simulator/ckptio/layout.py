@@ -181,6 +181,34 @@ def is_temp_dir(path: str | os.PathLike) -> bool:
     return name.startswith(".") and _TEMP_MARK in name
 
 
+IO_CHUNK = 64 << 20
+"""Bytes per read or write call (the raw baseline's size)."""
+IOV_MAX = 1024
+"""Buffers per readv/writev call: POSIX's minimum, Linux's limit."""
+
+
+def io_groups(views: list[memoryview]) -> list[list[memoryview]]:
+    """Buffers, in order, as groups of :data:`IO_CHUNK` bytes (a buffer larger than that split
+    across groups; at most :data:`IOV_MAX` buffers a group), each for one scatter read or
+    gather write (``readv``/``writev``): the raw baseline's 64 MB per call whatever the tensor
+    sizes, and few calls that release the GIL (a torch call or a read per tensor would hand
+    the GIL to the CRC and prefault threads hundreds of times, and wait for it back each time
+    on a busy machine)."""
+    groups: list[list[memoryview]] = [[]]
+    filled = 0
+    for view in views:
+        done = 0
+        while done < len(view):
+            if filled == IO_CHUNK or len(groups[-1]) == IOV_MAX:
+                groups.append([])
+                filled = 0
+            take = min(IO_CHUNK - filled, len(view) - done)
+            groups[-1].append(view[done : done + take])
+            filled += take
+            done += take
+    return [group for group in groups if group]
+
+
 CRC_BATCH = 8 << 20
 """Bytes handed to the CRC thread at once: it (~12 GB/s) trails the I/O by about this much."""
 

@@ -42,6 +42,7 @@ from simulator.ckptio.layout import (
     bytes_of,
     crc32,
     header_entries,
+    io_groups,
     is_temp_dir,
     may_be_unlisted,
     read_header,
@@ -115,12 +116,15 @@ def _load_tensors(
     """Every tensor read straight from the file into its own fresh CPU tensor, in file order,
     with the file's CRC-32 computed from the header and each slice just read.
 
-    One sequential pass with ``readinto`` in :data:`_READ_CHUNK` slices: no file mapping (whose
-    4 KiB page faults read a cold file at a fraction of the disk's speed), no intermediate
-    copy; the checksum of each slice runs in a thread while the next slice is read, and a
+    One sequential pass of scatter reads (``readv``) of
+    :data:`~simulator.ckptio.layout.IO_CHUNK` bytes each, straight into the tensors
+    (:func:`~simulator.ckptio.layout.io_groups`): no file mapping (whose 4 KiB page faults read a
+    cold file at a fraction of the disk's speed), no intermediate copy; the checksum of each
+    slice runs in a thread while the next is read, and a
     :class:`~simulator.ckptio.prefault.Prefaulter` maps the fresh tensors' pages in another
-    thread ahead of the reads, so the reader mostly copies. The bytes become tensors only through
-    a dtype table and shapes checked against the offsets, never through code in the file.
+    thread ahead of the reads, so the reader mostly copies. The bytes become tensors only
+    through a dtype table and shapes checked against the offsets, never through code in the
+    file.
     """
     with _open_member(file, size) as f:
         if hasattr(os, "posix_fadvise"):  # a larger readahead window for the one pass
@@ -137,25 +141,19 @@ def _load_tensors(
         # this is never more memory than the file holds), so that the prefault thread can map
         # their pages ahead of the reads that fill them.
         tensors = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in specs}
+        groups = io_groups([memoryview(bytes_of(t)) for t in tensors.values() if t.numel()])
         pos = 0
         with (
             Prefaulter(list(tensors.values())) as prefault,
             CrcTrail(crc32(header, crc32(head)), enabled=checksum) as crc,
         ):
-            for t in tensors.values():
-                if not t.numel():
-                    continue
-                data = memoryview(bytes_of(t))
-                for i in range(0, len(data), _READ_CHUNK):
-                    chunk = data[i : i + _READ_CHUNK]
-                    pos += len(chunk)
-                    prefault.reading(pos)
-                    _read_exactly(f, chunk, file)
-                    crc.add(chunk)
+            for group in groups:
+                pos += sum(len(view) for view in group)
+                prefault.reading(pos)
+                _readv_exactly(f.fileno(), group, file)
+                for view in group:
+                    crc.add(view)
     return tensors, crc.value
-
-
-_READ_CHUNK = 64 << 20  # the raw baseline's read size
 
 
 def _tensor_specs(
@@ -199,13 +197,20 @@ def _tensor_specs(
     return specs
 
 
-def _read_exactly(f: BinaryIO, into: memoryview, file: Path) -> None:
-    got = 0
-    while got < len(into):
-        n = f.readinto(into[got:])
+def _readv_exactly(fd: int, into: list[memoryview], file: Path) -> None:
+    """Fill every buffer of ``into`` in order from ``fd``, continuing after short reads."""
+    while into:
+        n = os.readv(fd, into)
         if not n:
-            raise CorruptCheckpoint(f"{file}: ended {len(into) - got} bytes early")
-        got += n
+            left = sum(len(view) for view in into)
+            raise CorruptCheckpoint(f"{file}: ended {left} bytes early")
+        while n:  # drop the buffers this read filled, trim the one it filled in part
+            if n >= len(into[0]):
+                n -= len(into[0])
+                into = into[1:]
+            else:
+                into = [into[0][n:], *into[1:]]
+                n = 0
 
 
 def file_crc32(file: str | os.PathLike) -> int:

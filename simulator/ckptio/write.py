@@ -26,6 +26,7 @@ from simulator.ckptio.layout import (
     bytes_of,
     crc32,
     fsync_dir,
+    io_groups,
 )
 
 
@@ -174,31 +175,27 @@ def _safetensors_header(tensors: dict[str, torch.Tensor]) -> tuple[list[str], by
 def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: bool) -> dict:
     """Write the tensors as a safetensors file and return its size and CRC-32.
 
-    The bytes go straight from each tensor's memory to ``os.write`` in :data:`_WRITE_CHUNK`
-    slices; the CRC-32 of each slice is computed in a thread as it is written (from the very
-    memory written), and with ``fsync`` the device write-back of each slice is started as soon
-    as it is in the page cache (write-behind, :func:`~simulator.ckptio.syscalls.start_writeback`)
-    so the disk works while the next slice is copied and the closing fsync waits for little.
+    The bytes go straight from each tensor's memory to the file in gather writes (``writev``)
+    of :data:`~simulator.ckptio.layout.IO_CHUNK` bytes (:func:`~simulator.ckptio.layout.io_groups`);
+    the CRC-32 of each slice is computed in a thread as it is written (from the very memory
+    written), and with ``fsync`` the device write-back of each group is started as soon as it is
+    in the page cache (write-behind, :func:`~simulator.ckptio.syscalls.start_writeback`), so
+    the disk works while the next group is copied and the closing fsync waits for little.
     """
     order, head = _safetensors_header(tensors)
+    views = [memoryview(bytes_of(tensors[name])) for name in order if tensors[name].numel()]
+    groups = io_groups([memoryview(head), *views])
     fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        _write_all(fd, memoryview(head))
-        written = flushed = len(head)
-        with CrcTrail(crc32(head)) as crc:
-            for name in order:
-                t = tensors[name]
-                if not t.numel():
-                    continue
-                data = memoryview(bytes_of(t))
-                for i in range(0, len(data), _WRITE_CHUNK):
-                    chunk = data[i : i + _WRITE_CHUNK]
-                    _write_all(fd, chunk)
-                    crc.add(chunk)
-                    written += len(chunk)
-                    if fsync and written - flushed >= _WRITE_CHUNK:
-                        syscalls.start_writeback(fd, flushed, written - flushed)
-                        flushed = written
+        written = 0
+        with CrcTrail() as crc:
+            for i, group in enumerate(groups):
+                _writev_all(fd, group)
+                for view in group:
+                    crc.add(view)
+                start, written = written, written + sum(len(view) for view in group)
+                if fsync and i + 1 < len(groups):
+                    syscalls.start_writeback(fd, start, written - start)
             if fsync:
                 os.fsync(fd)
     finally:
@@ -206,7 +203,17 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     return {"bytes": written, "crc32": crc.value}
 
 
-_WRITE_CHUNK = 64 << 20  # the raw baseline's write size
+def _writev_all(fd: int, views: list[memoryview]) -> None:
+    """Write every buffer of ``views`` in order, continuing after short writes."""
+    while views:
+        n = os.writev(fd, views)
+        while n:  # drop the buffers this write took, trim the one it took in part
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views = views[1:]
+            else:
+                views = [views[0][n:], *views[1:]]
+                n = 0
 
 
 def _write_all(fd: int, view: memoryview) -> None:
