@@ -111,9 +111,10 @@ def _plot_ratios(goals):
         ax.set_xlabel("model size (parameters)")
         ax.set_title(f"{what}: {g['verdict']}", fontsize=10)
     axes[0].set_ylabel("ratio, same repeat (higher is better)")
-    axes[0].legend(fontsize=8, loc="lower left")
+    handles, labels = axes[0].get_legend_handles_labels()
     fig.suptitle("Goal ratios, per repeat, one run")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)  # below: hides no point
     return axes[0]
 
 

@@ -8,7 +8,7 @@ checkpoint (``ckptio``, the complete training state) and one raw file of the sam
 written once; then, in pairs, rotated in order, fresh Python processes each drop the file's
 pages (``posix_fadvise(DONTNEED)``) and time one load: the raw read (``f.read(64 MB)`` in a
 loop, as the benchmark's), ``read_checkpoint(verify=True)``, and ``read_checkpoint`` with the
-prefault thread switched off (the restore as it was before it). Ratios are formed per pair.
+prefault thread switched off (what the thread adds). Ratios are formed per pair.
 Writes ``reports/restore-fresh-process.md`` and its JSON. About 2 minutes on 2 shared cores.
 
     python experiments/restore_fresh_process.py [--size 100M] [--pairs 10] [--dir DIR]
@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         "fresh Python process (what a job restarted after a failure does), which first drops "
         "the file's pages with `posix_fadvise(POSIX_FADV_DONTNEED)`: the raw read "
         "(`f.read(64 MB)` in a loop, the benchmark's baseline), `read_checkpoint(verify=True)`, "
-        "and the same with the prefault thread off (`restore-no-prefault`, the restore before "
-        "it had one). Jobs rotate in order by pair; ratios (bandwidth, higher is better) are "
+        "and the same with the prefault thread off (`restore-no-prefault`: what the thread "
+        "adds). Jobs rotate in order by pair; ratios (bandwidth, higher is better) are "
         "formed per pair; 95 % intervals are Student's t over pairs.",
         "",
         "## Results",
