@@ -230,6 +230,26 @@ def test_restore_is_judged_against_the_raw_read_of_the_same_repeat(tmp_path, cap
     assert restore["goal_min"] == 0.9
     assert [(p["size"], p["n"]) for p in restore["per_size"]] == [("300K", 2), ("1M", 2)]
     assert all(p["mean"] > 0 for p in restore["per_size"])
+    # The per-repeat ratios behind each interval are kept (the report's figure plots them).
+    for p in restore["per_size"]:
+        assert len(p["values"]) == 2 and p["mean"] == pytest.approx(sum(p["values"]) / 2)
+
+
+def test_writer_repeats_are_validated_and_default_to_repeats(tmp_path):
+    with pytest.raises(InputError, match="writer repeats must be at least 1, got 0"):
+        BenchConfig(directory=tmp_path, writers=(1,), writer_repeats=0)
+    assert BenchConfig(directory=tmp_path, repeats=4).writer_repeats is None
+
+
+def test_every_restore_and_raw_read_records_the_page_faults_it_took(tmp_path):
+    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=2)
+    result = run_benchmark(cfg, progress=False)
+    loads = [s for s in result.samples if s.get("bench") != "writers"]
+    assert {s["format"] for s in loads} == {"raw", "ckptsim", "ckptsim-async"}
+    for s in loads:
+        assert isinstance(s["load_minor_faults"], int) and s["load_minor_faults"] >= 0
+    by_format = {r["format"]: r for r in result.results}
+    assert by_format["raw"]["load_minor_faults_median"] is not None
 
 
 @pytest.mark.slow
@@ -253,3 +273,40 @@ def test_parallel_writers_run_real_gloo_ranks_against_as_many_raw_writers(tmp_pa
     cost = profile.predict(params=405e9, nodes=2048, format="ckptsim")  # meets the raw curve
     assert any("1,024x the 2 measured" in w for w in cost.warnings)
     assert [p for p in tmp_path.iterdir() if p.name != "profile.json"] == []
+
+
+def test_goal_ratio_figure_shows_every_repeat_and_the_interval_the_text_gives(tmp_path):
+    from experiments import bench_cost_at_scale
+
+    cfg = BenchConfig(directory=tmp_path, sizes=("300K", "1M"), formats=("ckptsim",), repeats=3)
+    goals = run_benchmark(cfg, progress=False).goals
+    from matplotlib.collections import PathCollection
+
+    ax = bench_cost_at_scale._plot_ratios(goals)
+    for axis, (goal, _, _) in zip(ax.figure.axes, bench_cost_at_scale.GOALS, strict=True):
+        scatters = [c for c in axis.collections if isinstance(c, PathCollection)]
+        values = sorted(float(y) for c in scatters for _, y in c.get_offsets())
+        expected = sorted(v for p in goals[goal]["per_size"] for v in p["values"])
+        assert values == pytest.approx(expected)
+        assert goals[goal]["verdict"] in axis.get_title()
+
+
+@pytest.mark.slow
+def test_fresh_process_restore_study_times_each_load_in_its_own_process(tmp_path):
+    from experiments import restore_fresh_process
+
+    argv = ["--size", "300K", "--pairs", "2", "--dir", str(tmp_path), "--reports", str(tmp_path)]
+    assert restore_fresh_process.main(argv) == 0
+    data = json.loads((tmp_path / "restore-fresh-process.json").read_text())
+    assert sorted((r["pair"], r["job"]) for r in data["rows"]) == sorted(
+        (p, j) for p in range(2) for j in restore_fresh_process.JOBS
+    )
+    assert all(r["seconds"] > 0 and r["minor_faults"] >= 0 for r in data["rows"])
+    assert all(r["prefaulted"] == 0 for r in data["rows"] if r["job"] != "restore")
+    assert all(len(v) == 2 for v in data["ratios"].values())
+    md = (tmp_path / "restore-fresh-process.md").read_text()
+    assert "| restore/raw-read |" in md and "by the project's rule" in md
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "restore-fresh-process.json",
+        "restore-fresh-process.md",
+    ]

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -78,6 +80,63 @@ def test_tensor_file_is_standard_safetensors(tmp_path):
     write_checkpoint(tmp_path / "ck", state, META)
     loaded = load_file(tmp_path / "ck" / ckptio.TENSOR_FILE)
     assert all(_bits_equal(loaded[k], v) for k, v in state.items())
+
+
+def test_own_writer_makes_files_the_safetensors_library_reads_back_exactly(tmp_path):
+    # ckptio writes the format itself (to write-behind and checksum as it writes): every dtype
+    # it accepts, empty tensors, non-ASCII names, each tensor's data aligned to its dtype size.
+    from safetensors import safe_open
+
+    g = torch.Generator().manual_seed(3)
+    bits = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=g)
+    state = {
+        f"{dtype}-ü": bits[: 24 * dtype.itemsize].view(dtype).reshape(2, 3, 4)
+        for dtype in ckptio.layout.DTYPE_NAMES
+    }
+    state |= {"empty": torch.empty(0, 5), "scalar": torch.tensor(2.5, dtype=torch.float64)}
+    write_checkpoint(tmp_path / "ck", state, {})
+    file = tmp_path / "ck" / ckptio.TENSOR_FILE
+    with safe_open(file, framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert set(f.keys()) == set(state)
+        for name, t in state.items():
+            assert _bits_equal(f.get_tensor(name), t), name
+    raw = file.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert n % 8 == 0
+    header = json.loads(raw[8 : 8 + n])
+    for name, t in state.items():
+        assert header[name]["data_offsets"][0] % t.element_size() == 0, name
+
+
+def test_dtypes_and_names_no_safetensors_file_holds_are_refused_before_touching_disk(tmp_path):
+    with pytest.raises(TypeError, match="complex64, which a safetensors file cannot hold"):
+        write_checkpoint(tmp_path / "a", {"z": torch.zeros(2, dtype=torch.complex64)}, {})
+    with pytest.raises(ValueError, match="not allowed"):
+        write_checkpoint(tmp_path / "b", {"bad\udc80": torch.zeros(2)}, {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_durable_write_starts_write_back_behind_itself_and_a_non_durable_one_does_not(
+    tmp_path, monkeypatch
+):
+    ranges = []
+    real = ckptio.syscalls.start_writeback
+
+    def spy(fd, offset, nbytes):
+        ranges.append((offset, nbytes))
+        return real(fd, offset, nbytes)
+
+    monkeypatch.setattr(ckptio.syscalls, "start_writeback", spy)
+    big = {"w": torch.randn(40 << 20 >> 2), "v": torch.randn(40 << 20 >> 2)}  # 80 MB
+    write_checkpoint(tmp_path / "a", big, {})
+    # One range per 64 MB group written but the last (the fsync follows it at once).
+    assert ranges == [(0, 64 << 20)]
+    ranges.clear()
+    write_checkpoint(tmp_path / "b", big, {}, fsync=False)
+    assert ranges == []
+    tensors, _ = read_checkpoint(tmp_path / "a")
+    assert all(torch.equal(tensors[k], big[k]) for k in big)
 
 
 def test_tied_and_noncontiguous_tensors_are_saved(tmp_path):
@@ -195,6 +254,31 @@ def test_short_then_failing_os_write_leaves_no_partial_checkpoint(tmp_path, monk
     _assert_clean_failure(tmp_path, good)
 
 
+def test_short_gather_writes_are_continued_to_the_last_byte(tmp_path, monkeypatch):
+    real = os.writev
+    calls = []
+
+    def short(fd, buffers):  # at most 100,000 bytes a call, as a full pipe or signal might
+        calls.append(len(buffers))
+        budget, parts = 100_000, []
+        for view in buffers:
+            parts.append(view[: min(budget, len(view))])
+            budget -= len(parts[-1])
+            if not budget:
+                break
+        return real(fd, parts)
+
+    monkeypatch.setattr(os, "writev", short)
+    state = _state() | {"big": torch.randn(1 << 18)}
+    manifest = write_checkpoint(tmp_path / "ck", state, META)
+    monkeypatch.undo()
+    assert len(calls) > 10
+    data = (tmp_path / "ck" / ckptio.TENSOR_FILE).read_bytes()
+    assert manifest["files"][ckptio.TENSOR_FILE]["crc32"] == zlib.crc32(data)
+    loaded = load_file(tmp_path / "ck" / ckptio.TENSOR_FILE)
+    assert all(_bits_equal(loaded[k], v) for k, v in state.items())
+
+
 def test_real_file_size_limit_mid_tensor_write_is_a_clean_error(tmp_path):
     # RLIMIT_FSIZE makes the kernel refuse writes past 64 KiB (EFBIG), inside the safetensors
     # library's own writer: a real write error, not a patched Python function.
@@ -218,10 +302,13 @@ def test_real_file_size_limit_mid_tensor_write_is_a_clean_error(tmp_path):
 
 
 def test_interrupt_during_write_removes_the_temp_dir(tmp_path, monkeypatch):
-    def interrupted(*a, **k):
+    real_writev = os.writev
+
+    def interrupted(fd, buffers):  # Ctrl-C after the first bytes of the tensor file
+        real_writev(fd, [buffers[0][:100]])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckptio.write, "save_file", interrupted)
+    monkeypatch.setattr(os, "writev", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_checkpoint(tmp_path / "ck", _state(), META)
     assert list(tmp_path.iterdir()) == []
@@ -264,16 +351,15 @@ def test_async_writer_writes_in_order_and_reports_manifest(tmp_path):
 
 def test_async_write_error_surfaces_once_on_next_call(tmp_path, monkeypatch):
     writer = AsyncWriter()
-    real_save = ckptio.write.save_file
 
-    def full(*a, **k):
+    def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckptio.write, "save_file", full)
+    monkeypatch.setattr(os, "writev", full)
     writer.submit(tmp_path / "s1", stage(_state()), {})
     with pytest.raises(CheckpointWriteError, match="No space left"):
         writer.submit(tmp_path / "s2", stage(_state()), {})
-    monkeypatch.setattr(ckptio.write, "save_file", real_save)
+    monkeypatch.undo()
     writer.submit(tmp_path / "s3", stage(_state()), {"ok": True})
     writer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s3"]
@@ -316,6 +402,86 @@ def test_a_verified_restore_reads_the_tensor_file_once_in_plain_reads_not_page_f
     assert size <= read < 1.1 * size
     assert torch.equal(tensors["w"], big) and torch.equal(tensors["b"], torch.arange(7))
     assert tensors["w"].untyped_storage().data_ptr() != tensors["b"].untyped_storage().data_ptr()
+
+
+def test_io_groups_cover_every_buffer_in_order_in_64_mb_scatter_reads():
+    from simulator.ckptio.layout import IO_CHUNK, IOV_MAX, io_groups
+
+    sizes = [5, (64 << 20) + 3, 1 << 20, 0, 130 << 20, *([7] * 3000)]
+    views = [memoryview(bytearray(n)) for n in sizes if n]
+    groups = io_groups(views)
+    assert all(0 < sum(map(len, g)) <= IO_CHUNK and 0 < len(g) <= IOV_MAX for g in groups)
+    assert all(sum(map(len, g)) == IO_CHUNK or len(g) == IOV_MAX for g in groups[:-1])
+    # Concatenated, the pieces are exactly the buffers, each whole and in order.
+    pieces = [piece for g in groups for piece in g]
+    for view in views:
+        at = 0
+        while at < len(view):
+            piece = pieces.pop(0)
+            assert piece.obj is view.obj and len(piece) <= len(view) - at
+            at += len(piece)
+    assert pieces == []
+
+
+def test_a_restore_continues_after_short_reads(tmp_path, monkeypatch):
+    state = {"w": torch.randn(3 << 18), "b": torch.arange(9), "e": torch.empty(0)}
+    write_checkpoint(tmp_path / "ck", state, {"x": 1})
+    real = os.readv
+    calls = []
+
+    def short(fd, buffers):  # at most 100,000 bytes a call, as a slow pipe might give
+        calls.append(len(buffers))
+        budget, parts = 100_000, []
+        for view in buffers:
+            parts.append(view[: min(budget, len(view))])
+            budget -= len(parts[-1])
+            if not budget:
+                break
+        return real(fd, parts)
+
+    monkeypatch.setattr(os, "readv", short)
+    tensors, meta = read_checkpoint(tmp_path / "ck")
+    assert len(calls) > 30 and meta == {"x": 1}
+    assert all(_bits_equal(tensors[k], v) for k, v in state.items())
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+@pytest.mark.skipif(not ckptio.syscalls.HAVE_POPULATE, reason="needs Linux madvise")
+def test_prefaulter_maps_fresh_pages_ahead_of_the_reader_and_never_changes_a_byte():
+    from simulator.ckptio.prefault import Prefaulter
+
+    kept = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB of values that must survive
+    expected = kept.clone()
+    fresh = torch.empty(48 << 20, dtype=torch.uint8)  # a mapping of its own, no page touched
+    with Prefaulter([kept, fresh]) as prefault:
+        deadline = time.monotonic() + 60
+        while prefault.populated_bytes < kept.nbytes + fresh.nbytes:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    before = _minor_faults()
+    fresh.fill_(7)  # 12,288 pages: each would fault here had the thread not mapped it
+    assert _minor_faults() - before < 64
+    assert torch.equal(kept, expected)
+
+
+def test_a_corrupt_large_file_is_refused_and_leaves_no_thread_behind(tmp_path):
+    big = {"w": torch.randn(6 << 20), "b": torch.randn(3 << 18)}  # 24 MB + 3 MB
+    write_checkpoint(tmp_path / "ck", big, {})
+    file = tmp_path / "ck" / ckptio.TENSOR_FILE
+    with open(file, "r+b") as f:
+        f.seek(20 << 20)
+        byte = f.read(1)
+        f.seek(20 << 20)
+        f.write(bytes([byte[0] ^ 0x10]))
+    threads = threading.active_count()
+    with pytest.raises(CorruptCheckpoint, match="CRC-32"):
+        read_checkpoint(tmp_path / "ck")
+    assert threading.active_count() == threads
 
 
 def test_tensors_that_overlap_in_a_resealed_file_are_refused(tmp_path):

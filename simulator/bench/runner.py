@@ -57,6 +57,9 @@ class BenchConfig:
     """Parallel writer counts (``--writers 1,2,4,8``): the largest size's fp32 state is saved
     sharded over that many processes, against as many raw writers (see
     :mod:`simulator.bench.writers`); empty: no parallel-writer pass."""
+    writer_repeats: int | None = None
+    """Repeats of the parallel-writer pass (None: ``repeats``); a contention curve needs
+    fewer than a goal ratio's interval does."""
     seed: int = 0
 
     def __post_init__(self):
@@ -74,6 +77,8 @@ class BenchConfig:
             parse_size(s)
         if self.repeats < 1:
             raise InputError(f"repeats must be at least 1, got {self.repeats}")
+        if self.writer_repeats is not None and self.writer_repeats < 1:
+            raise InputError(f"writer repeats must be at least 1, got {self.writer_repeats}")
         bad_writers = [w for w in self.writers if isinstance(w, bool) or not isinstance(w, int)]
         if bad_writers or any(w < 1 for w in self.writers):
             raise InputError(
@@ -216,6 +221,11 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                 ts = build_state(parse_size(size), dtype=dtype, seed=cfg.seed)
                 state = ts.state
                 roomy = 2.2 * ts.tensor_bytes < mem_available_bytes()
+                # One untimed write of the state's size first: the first large write after the
+                # state was built is slow for reasons of its own (fresh page-cache memory), and
+                # it would always land on the raw baseline, first in the first repeat.
+                fmt_io.raw_write(work / f"warmup-{size}-{dtype}", ts.tensor_bytes)
+                shutil.rmtree(work / f"warmup-{size}-{dtype}", ignore_errors=True)
                 for rep in range(cfg.repeats):
                     shift = rep % len(jobs)
                     for job in jobs[shift:] + jobs[:shift]:
@@ -247,7 +257,8 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
 
             bar.set_postfix_str(f"writers {','.join(map(str, cfg.writers))}")
             largest = max(parse_size(s) for s in cfg.sizes) * int(BYTES_PER_PARAM["fp32"])
-            samples.extend(run_writers(work, cfg.writers, largest, cfg.repeats))
+            repeats = cfg.repeats if cfg.writer_repeats is None else cfg.writer_repeats
+            samples.extend(run_writers(work, cfg.writers, largest, repeats))
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -262,11 +273,14 @@ def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]
             if job == "raw":
                 row["save_s"] = fmt_io.raw_write(where, nbytes)
                 row["bytes"] = fmt_io.disk_bytes(where)
+                faults = _minor_faults()
                 row["load_s"] = fmt_io.raw_read(where)
+                row["load_minor_faults"] = _minor_faults() - faults
                 return state
             row.update(fmt_io.SAVERS[job](state, where))
             row["bytes"] = fmt_io.disk_bytes(where)
             loader = fmt_io.LOADERS[job]
+            faults = _minor_faults()  # counted from here: drop_cache faults no page in
             if job in fmt_io.IN_PLACE:
                 fmt_io.drop_cache(where)
                 start = time.perf_counter()
@@ -279,9 +293,20 @@ def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]
                 start = time.perf_counter()
                 state = loader(where)
             row["load_s"] = time.perf_counter() - start
+            row["load_minor_faults"] = _minor_faults() - faults
             return state
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process so far, all threads (0 where not counted): a load's
+    count says how much fresh memory it mapped, the raw read's included."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -324,6 +349,7 @@ def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) ->
             "ratio_to_raw": nbytes / save / raw_bw[dtype, params],
             "load_s_median": _median(rows, "load_s"),
             "load_ratio_to_raw": (nbytes / _median(rows, "load_s")) / raw_read[dtype, params],
+            "load_minor_faults_median": _median(rows, "load_minor_faults"),
         }
         if fmt in fmt_io.COPYING:
             res["stall_s_median"] = _median(rows, "stall_s")
@@ -351,8 +377,9 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
     Each ratio is formed per repeat from samples of the same repeat (the writer against the raw
     write, the async stall against the synchronous save), so the interval over repeats carries
     the run-to-run spread; ``value`` is the median at the largest size, as before, and
-    ``per_size`` holds every size's mean and 95 % interval. ``met`` is true only when the
-    verdict is "met": every size's whole interval meets the goal.
+    ``per_size`` holds every size's per-repeat ratios (``values``, in repeat order), their mean
+    and 95 % interval. ``met`` is true only when the verdict is "met": every size's whole
+    interval meets the goal.
     """
 
     def at_largest(fmt: str) -> dict | None:
@@ -375,7 +402,7 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
             mean, lo, hi = mean_ci(values)
             out.append(
                 dict(size=sizes[dtype, params], dtype=dtype, params=params, n=len(values))
-                | dict(mean=mean, low=lo, high=hi)
+                | dict(mean=mean, low=lo, high=hi, values=values)
             )
         return out
 

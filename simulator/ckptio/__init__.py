@@ -19,12 +19,16 @@ by the file and by fixed limits before anything is allocated. Each refusal is a
 they are no defence against a hostile writer, who can recompute them: what protects a restore
 from one is that loading never executes code (safetensors and JSON only, never a pickle).
 
-The CRC-32 (ISA-L's ``crc32``: the values of ``zlib.crc32`` at ~4x its speed; zlib's where
-ISA-L has no wheel) is computed from the tensors' memory in a thread while the file is being
-fsync'ed, so it hides behind the disk instead of adding to it.
-A restore reads each tensor straight into its own fresh buffer in large sequential ``read()``
-calls (no file mapping, whose page faults read a cold file at a fraction of the disk's speed),
-and checks the CRC-32 of each slice in a thread while the next one is read.
+ckptio writes the tensor file itself, in the safetensors format (the library reads it back):
+the tensors' bytes go from their memory to the file in 64 MB gather writes (``writev``), the
+CRC-32 (ISA-L's ``crc32``: the values of ``zlib.crc32`` at ~4x its speed; zlib's where ISA-L
+has no wheel) of each slice is computed in a thread as it is written, and the device
+write-back of each 64 MB starts as soon as it is in the page cache (``sync_file_range``), so
+the closing fsync waits for little. A restore allocates every tensor and fills them with 64 MB
+scatter reads (``readv``) straight into their buffers (no file mapping, whose page faults read
+a cold file at a fraction of the disk's speed), checks the CRC-32 of each slice in a thread
+while the next is read, and maps the fresh buffers' pages in another thread ahead of the reads
+(:mod:`.prefault`), so the reader mostly copies.
 
 Asynchronous saves split in two: :func:`stage` copies the tensors into fresh contiguous CPU
 memory (pinned when CUDA is present) — that copy is the training stall — and

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +28,37 @@ _CRC_CHUNK = 64 << 20  # bounded slices keep the GIL released in long, cache-fri
 try:  # ISA-L's CRC-32: the same polynomial and values as zlib's, ~4x faster (carry-less mul)
     from isal.isal_zlib import crc32
 except ImportError:  # no wheel for this platform: zlib's, slower but identical
-    from zlib import crc32  # noqa: F401 (re-exported to read and write)
+    from zlib import crc32
 
 MAX_MANIFEST_BYTES = 64 << 20
 """A manifest is ~60 bytes per file: this allows a million files and refuses a planted giant."""
 MAX_HEADER_BYTES = 100_000_000
 """The safetensors library's own limit on a header; a longer stated length is a corrupt file."""
+
+DTYPES: dict[str, torch.dtype] = {
+    name: dtype
+    for name, dtype in (
+        ("BOOL", torch.bool),
+        ("U8", torch.uint8),
+        ("I8", torch.int8),
+        ("I16", torch.int16),
+        ("U16", getattr(torch, "uint16", None)),
+        ("I32", torch.int32),
+        ("U32", getattr(torch, "uint32", None)),
+        ("I64", torch.int64),
+        ("U64", getattr(torch, "uint64", None)),
+        ("F16", torch.float16),
+        ("BF16", torch.bfloat16),
+        ("F32", torch.float32),
+        ("F64", torch.float64),
+        ("F8_E4M3", getattr(torch, "float8_e4m3fn", None)),
+        ("F8_E5M2", getattr(torch, "float8_e5m2", None)),
+    )
+    if dtype is not None
+}
+"""The safetensors dtype names ckptio reads and writes, as torch dtypes (the library's own
+table; a tensor of any other dtype is refused before anything is written)."""
+DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 
 DCP_METADATA = ".metadata"
 """torch.distributed.checkpoint's index of a checkpoint (rank 0 writes it last)."""
@@ -152,3 +179,102 @@ def is_temp_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is the temporary directory of an unfinished (or crashed) write."""
     name = Path(path).name
     return name.startswith(".") and _TEMP_MARK in name
+
+
+IO_CHUNK = 64 << 20
+"""Bytes per read or write call (the raw baseline's size)."""
+IOV_MAX = 1024
+"""Buffers per readv/writev call: POSIX's minimum, Linux's limit."""
+
+
+def io_groups(views: list[memoryview]) -> list[list[memoryview]]:
+    """Buffers, in order, as groups of :data:`IO_CHUNK` bytes (a buffer larger than that split
+    across groups; at most :data:`IOV_MAX` buffers a group), each for one scatter read or
+    gather write (``readv``/``writev``): the raw baseline's 64 MB per call whatever the tensor
+    sizes, and few calls that release the GIL (a torch call or a read per tensor would hand
+    the GIL to the CRC and prefault threads hundreds of times, and wait for it back each time
+    on a busy machine)."""
+    groups: list[list[memoryview]] = [[]]
+    filled = 0
+    for view in views:
+        done = 0
+        while done < len(view):
+            if filled == IO_CHUNK or len(groups[-1]) == IOV_MAX:
+                groups.append([])
+                filled = 0
+            take = min(IO_CHUNK - filled, len(view) - done)
+            groups[-1].append(view[done : done + take])
+            filled += take
+            done += take
+    return [group for group in groups if group]
+
+
+CRC_BATCH = 8 << 20
+"""Bytes handed to the CRC thread at once: it (~12 GB/s) trails the I/O by about this much."""
+
+
+class CrcTrail:
+    """The CRC-32 of byte slices handed over in order, computed in one thread that trails
+    whoever produces them (a restore's reads, a save's writes), so the checksum costs no extra
+    pass over the bytes.
+
+    Slices go over in batches of ~:data:`CRC_BATCH` bytes (a GPT's hundreds of small tensors
+    would otherwise cost a thread hand-off each) and must stay unchanged and alive until the
+    trail is closed; leaving the ``with`` block waits for the thread, and :attr:`value` is the
+    CRC of everything added (None when ``enabled`` is False: then nothing is computed). A plain
+    thread, not an executor: an async save still in flight at interpreter exit must finish,
+    and executors refuse new work once shutdown has begun."""
+
+    def __init__(self, start: int = 0, *, enabled: bool = True):
+        self._crc = start
+        self._batch: list[memoryview] = []
+        self._batched = 0
+        self._error: BaseException | None = None
+        self._queue: queue.SimpleQueue | None = queue.SimpleQueue() if enabled else None
+        self._thread: threading.Thread | None = None
+
+    def add(self, chunk: memoryview) -> None:
+        if self._queue is None:
+            return
+        self._batch.append(chunk)
+        self._batched += len(chunk)
+        if self._batched >= CRC_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._batch and self._queue is not None:
+            self._queue.put(tuple(self._batch))
+            self._batch, self._batched = [], 0
+
+    def _run(self) -> None:  # one thread: the batches in order
+        assert self._queue is not None
+        while (chunks := self._queue.get()) is not None:
+            if self._error is not None:
+                continue
+            try:
+                crc = self._crc
+                for chunk in chunks:
+                    crc = crc32(chunk, crc)
+                self._crc = crc
+            except BaseException as exc:  # handed to the producing thread at the end
+                self._error = exc
+
+    def __enter__(self) -> CrcTrail:
+        if self._queue is not None:
+            self._thread = threading.Thread(target=self._run, name="ckptio-crc", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if self._queue is None or self._thread is None:
+            return
+        if exc_type is None:
+            self._flush()
+        self._queue.put(None)
+        self._thread.join()  # no slice is read once the caller may free it
+        if exc_type is None and self._error is not None:
+            raise self._error
+
+    @property
+    def value(self) -> int | None:
+        return None if self._queue is None else self._crc

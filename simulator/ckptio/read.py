@@ -20,7 +20,6 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,6 +30,7 @@ from simulator.ckptio.layout import (
     _CRC_CHUNK,
     DCP_DATA,
     DCP_METADATA,
+    DTYPES,
     FORMAT,
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -38,15 +38,18 @@ from simulator.ckptio.layout import (
     TENSOR_FILE,
     VERSION,
     CorruptCheckpoint,
+    CrcTrail,
     bytes_of,
     crc32,
     header_entries,
+    io_groups,
     is_temp_dir,
     may_be_unlisted,
     read_header,
     shown,
     unsafe_name,
 )
+from simulator.ckptio.prefault import Prefaulter
 
 # What a manifest's files must include, by who wrote it: ckptio's own checkpoints (recognised
 # by the "tensors" count only write_checkpoint records, or by their file names),
@@ -113,11 +116,15 @@ def _load_tensors(
     """Every tensor read straight from the file into its own fresh CPU tensor, in file order,
     with the file's CRC-32 computed from the header and each slice just read.
 
-    One sequential pass with ``readinto`` in :data:`_READ_CHUNK` slices: no file mapping (whose
-    4 KiB page faults read a cold file at a fraction of the disk's speed), no intermediate
-    copy, and the checksum of each slice runs in a thread while the next slice is read, so a
-    verified restore costs what reading the file costs. The bytes become tensors only through
-    a dtype table and shapes checked against the offsets, never through code in the file.
+    One sequential pass of scatter reads (``readv``) of
+    :data:`~simulator.ckptio.layout.IO_CHUNK` bytes each, straight into the tensors
+    (:func:`~simulator.ckptio.layout.io_groups`): no file mapping (whose 4 KiB page faults read a
+    cold file at a fraction of the disk's speed), no intermediate copy; the checksum of each
+    slice runs in a thread while the next is read, and a
+    :class:`~simulator.ckptio.prefault.Prefaulter` maps the fresh tensors' pages in another
+    thread ahead of the reads, so the reader mostly copies. The bytes become tensors only
+    through a dtype table and shapes checked against the offsets, never through code in the
+    file.
     """
     with _open_member(file, size) as f:
         if hasattr(os, "posix_fadvise"):  # a larger readahead window for the one pass
@@ -130,63 +137,23 @@ def _load_tensors(
                 f"{file}: holds {len(entries)} tensors, the manifest says {count}"
             )
         specs = _tensor_specs(entries, data_len, file)
-        tensors: dict[str, torch.Tensor] = {}
-        state = [crc32(header, crc32(head))]
-
-        def crc_steps(chunks: tuple[memoryview, ...]) -> None:  # one worker: in order
-            for chunk in chunks:
-                state[0] = crc32(chunk, state[0])
-
-        # Slices go to the CRC thread in batches of ~_CRC_BATCH bytes: a GPT's hundreds of
-        # small tensors would otherwise cost a thread hand-off each.
-        batch: list[memoryview] = []
-        batched = 0
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            for name, dtype, shape in specs:
-                t = torch.empty(shape, dtype=dtype)
-                tensors[name] = t
-                if not t.numel():
-                    continue
-                data = memoryview(bytes_of(t))
-                for i in range(0, len(data), _READ_CHUNK):
-                    chunk = data[i : i + _READ_CHUNK]
-                    _read_exactly(f, chunk, file)
-                    if checksum:
-                        batch.append(chunk)
-                        batched += len(chunk)
-                        if batched >= _CRC_BATCH:
-                            pool.submit(crc_steps, tuple(batch))
-                            batch, batched = [], 0
-            if batch:
-                pool.submit(crc_steps, tuple(batch))
-    return tensors, state[0] if checksum else None
-
-
-_READ_CHUNK = 64 << 20  # the raw baseline's read size
-_CRC_BATCH = 8 << 20  # the CRC (~12 GB/s) trails the reads by about this much
-
-_DTYPES: dict[str, torch.dtype] = {
-    name: dtype
-    for name, dtype in (
-        ("BOOL", torch.bool),
-        ("U8", torch.uint8),
-        ("I8", torch.int8),
-        ("I16", torch.int16),
-        ("U16", getattr(torch, "uint16", None)),
-        ("I32", torch.int32),
-        ("U32", getattr(torch, "uint32", None)),
-        ("I64", torch.int64),
-        ("U64", getattr(torch, "uint64", None)),
-        ("F16", torch.float16),
-        ("BF16", torch.bfloat16),
-        ("F32", torch.float32),
-        ("F64", torch.float64),
-        ("F8_E4M3", getattr(torch, "float8_e4m3fn", None)),
-        ("F8_E5M2", getattr(torch, "float8_e5m2", None)),
-    )
-    if dtype is not None
-}
-"""The safetensors dtype names this reader maps to torch dtypes (the library's own table)."""
+        # Every tensor is allocated before the first read (the specs tile the file's data, so
+        # this is never more memory than the file holds), so that the prefault thread can map
+        # their pages ahead of the reads that fill them.
+        tensors = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in specs}
+        groups = io_groups([memoryview(bytes_of(t)) for t in tensors.values() if t.numel()])
+        pos = 0
+        with (
+            Prefaulter(list(tensors.values())) as prefault,
+            CrcTrail(crc32(header, crc32(head)), enabled=checksum) as crc,
+        ):
+            for group in groups:
+                pos += sum(len(view) for view in group)
+                prefault.reading(pos)
+                _readv_exactly(f.fileno(), group, file)
+                for view in group:
+                    crc.add(view)
+    return tensors, crc.value
 
 
 def _tensor_specs(
@@ -198,11 +165,11 @@ def _tensor_specs(
     specs, pos = [], 0
     for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
         entry = entries[name]
-        dtype = _DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+        dtype = DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
         if dtype is None:
             raise CorruptCheckpoint(
                 f"{file}: tensor {shown(name)} has dtype {shown(entry.get('dtype'))}, not one of "
-                f"{', '.join(_DTYPES)}"
+                f"{', '.join(DTYPES)}"
             )
         shape = entry.get("shape")
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
@@ -230,13 +197,20 @@ def _tensor_specs(
     return specs
 
 
-def _read_exactly(f: BinaryIO, into: memoryview, file: Path) -> None:
-    got = 0
-    while got < len(into):
-        n = f.readinto(into[got:])
+def _readv_exactly(fd: int, into: list[memoryview], file: Path) -> None:
+    """Fill every buffer of ``into`` in order from ``fd``, continuing after short reads."""
+    while into:
+        n = os.readv(fd, into)
         if not n:
-            raise CorruptCheckpoint(f"{file}: ended {len(into) - got} bytes early")
-        got += n
+            left = sum(len(view) for view in into)
+            raise CorruptCheckpoint(f"{file}: ended {left} bytes early")
+        while n:  # drop the buffers this read filled, trim the one it filled in part
+            if n >= len(into[0]):
+                n -= len(into[0])
+                into = into[1:]
+            else:
+                into = [into[0][n:], *into[1:]]
+                n = 0
 
 
 def file_crc32(file: str | os.PathLike) -> int:

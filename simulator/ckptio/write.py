@@ -2,35 +2,31 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import re
 import secrets
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
 
+from simulator.ckptio import syscalls
 from simulator.ckptio.layout import (
-    _CRC_CHUNK,
     _TEMP_MARK,
+    DTYPE_NAMES,
     FORMAT,
     MANIFEST,
+    MAX_HEADER_BYTES,
     META_FILE,
     TENSOR_FILE,
     VERSION,
     CheckpointWriteError,
+    CrcTrail,
     bytes_of,
     crc32,
     fsync_dir,
-    fsync_file,
-    header_entries,
-    read_header,
+    io_groups,
 )
 
 
@@ -96,10 +92,17 @@ def _checked_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
         raise TypeError(f"tensors must be a dict of name -> torch.Tensor, got {type(tensors)}")
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        if not isinstance(name, str) or name == "__metadata__":
-            raise ValueError(f"tensor name {name!r} is not allowed (a str, not '__metadata__')")
+        if not isinstance(name, str) or name == "__metadata__" or not _utf8(name):
+            raise ValueError(
+                f"tensor name {name!r} is not allowed (a str in UTF-8, not '__metadata__')"
+            )
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
+        if t.dtype not in DTYPE_NAMES:
+            raise TypeError(
+                f"tensor {name!r} has dtype {t.dtype}, which a safetensors file cannot hold "
+                f"(it holds {', '.join(str(d) for d in DTYPE_NAMES)})"
+            )
         t = t.detach()
         if t.layout != torch.strided:
             t = t.to_dense()
@@ -107,6 +110,14 @@ def _checked_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
             t = t.cpu()
         out[name] = t.contiguous()
     return _separate_overlaps(out)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no safetensors header can hold it
+        return False
+    return True
 
 
 def _separate_overlaps(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -133,61 +144,87 @@ def _meta_bytes(meta: dict[str, Any]) -> bytes:
         raise TypeError(f"meta is not plain JSON: {exc}") from exc
 
 
-def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: bool) -> dict:
-    try:
-        save_file(tensors, file, metadata={"format": "pt"})
-    except SafetensorError as exc:
-        # The library's Rust writer reports I/O failures as text ("... (os error 28)").
-        found = re.search(r"os error (\d+)", str(exc))
-        code = int(found.group(1)) if found else errno.EIO
-        raise OSError(code, os.strerror(code) if found else str(exc)) from exc
-    result: dict[str, Any] = {}
-
-    def checksum() -> None:
-        try:
-            result["crc32"] = _file_crc(file, tensors)
-        except BaseException as exc:  # handed to the writing thread below
-            result["error"] = exc
-
-    worker = threading.Thread(target=checksum, name="ckptio-crc")
-    worker.start()
-    try:
-        if fsync:
-            fsync_file(file)
-    finally:
-        worker.join()
-    if "error" in result:
-        raise result["error"]
-    return {"bytes": file.stat().st_size, "crc32": result["crc32"]}
-
-
-def _file_crc(file: Path, tensors: dict[str, torch.Tensor]) -> int:
-    """CRC-32 of the whole file, from its (small) header on disk and the tensors in memory.
-
-    The header states where each tensor's bytes sit; walking them in file order gives the same
-    CRC as reading the file back, without a second pass over the disk.
-    """
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        head, header = read_header(f, size, file)
-    crc = crc32(header, crc32(head))
-    entries = header_entries(header, size - 8 - len(header), file)
-    for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
+def _safetensors_header(tensors: dict[str, torch.Tensor]) -> tuple[list[str], bytes]:
+    """The order the tensors' bytes go in, and the file's first bytes: the 8-byte header
+    length and the JSON header (UTF-8), padded with spaces to a multiple of 8, as the
+    safetensors library writes them. Larger dtypes go first, then by name, so that every
+    tensor's data starts aligned to its dtype's size (the library's rule; within one size it
+    orders dtypes its own way, which no reader depends on)."""
+    order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    pos = 0
+    for name in order:
         t = tensors[name]
-        if t.numel() == 0:
-            continue
-        data = memoryview(bytes_of(t))
-        for i in range(0, len(data), _CRC_CHUNK):
-            crc = crc32(data[i : i + _CRC_CHUNK], crc)
-    return crc
+        nbytes = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": DTYPE_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [pos, pos + nbytes],
+        }
+        pos += nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    if len(text) > MAX_HEADER_BYTES:
+        raise ValueError(
+            f"{len(tensors)} tensors need a {len(text)}-byte safetensors header, more than "
+            f"the format's {MAX_HEADER_BYTES} bytes: save fewer, larger tensors"
+        )
+    return order, len(text).to_bytes(8, "little") + text
+
+
+def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: bool) -> dict:
+    """Write the tensors as a safetensors file and return its size and CRC-32.
+
+    The bytes go straight from each tensor's memory to the file in gather writes (``writev``)
+    of :data:`~simulator.ckptio.layout.IO_CHUNK` bytes (:func:`~simulator.ckptio.layout.io_groups`);
+    the CRC-32 of each slice is computed in a thread as it is written (from the very memory
+    written), and with ``fsync`` the device write-back of each group is started as soon as it is
+    in the page cache (write-behind, :func:`~simulator.ckptio.syscalls.start_writeback`), so
+    the disk works while the next group is copied and the closing fsync waits for little.
+    """
+    order, head = _safetensors_header(tensors)
+    views = [memoryview(bytes_of(tensors[name])) for name in order if tensors[name].numel()]
+    groups = io_groups([memoryview(head), *views])
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        written = 0
+        with CrcTrail() as crc:
+            for i, group in enumerate(groups):
+                _writev_all(fd, group)
+                for view in group:
+                    crc.add(view)
+                start, written = written, written + sum(len(view) for view in group)
+                if fsync and i + 1 < len(groups):
+                    syscalls.start_writeback(fd, start, written - start)
+            if fsync:
+                os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"bytes": written, "crc32": crc.value}
+
+
+def _writev_all(fd: int, views: list[memoryview]) -> None:
+    """Write every buffer of ``views`` in order, continuing after short writes."""
+    while views:
+        n = os.writev(fd, views)
+        while n:  # drop the buffers this write took, trim the one it took in part
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views = views[1:]
+            else:
+                views = [views[0][n:], *views[1:]]
+                n = 0
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _write_bytes(file: Path, data: bytes, *, fsync: bool) -> dict:
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, memoryview(data))
         if fsync:
             os.fsync(fd)
     finally:
