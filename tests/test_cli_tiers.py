@@ -258,9 +258,10 @@ def test_an_internal_tier_field_in_a_file_is_an_unknown_field_not_a_traceback(ca
 
 
 def test_the_budget_of_a_tiered_run_counts_the_tiers_saves_not_the_scenarios_one(capsys, tmp_path):
-    # A memory tier of a nanosecond would be saved every few milliseconds: a budget refusal
-    # for its millions of saves, not "no headway" from a 60 s save the file does not have.
-    toml = _variant(tmp_path, "checkpoint_s = 2\n", "checkpoint_s = 1e-9\n")
+    # A memory tier of a microsecond (the least a duration may be) would be saved every
+    # fraction of a second: a budget refusal for its millions of saves, not "no headway" from
+    # a 60 s save the file does not have.
+    toml = _variant(tmp_path, "checkpoint_s = 2\n", "checkpoint_s = 1e-6\n")
     code, _, err = run(capsys, "optimize", "--scenario", toml, "--simulate", "--replicas", "4")
     assert code == 2 and "of one core" in err and "no headway" not in err, err
     # ... and a tiered scenario that is hopeless even at its first-order intervals is refused

@@ -348,22 +348,17 @@ def uses_default_preset(args: argparse.Namespace, extra: dict[str, Any] | None =
     return all(v is None for v in _overrides(args, extra).values())
 
 
-_SAVE_FIELDS = (
-    "checkpoint_s",
-    "staging_s",
-    "checkpoint_bytes",
-    "write_bytes_per_s_per_node",
-    "storage_bytes_per_s",
-    "read_bytes_per_s",
-)
-
-
 def _refuse_save_flags_over_tiers(base, overrides: dict[str, Any]) -> None:
     """The save flags describe the scenario's own save; a file's [[tier]] tables each have
-    their own, which the flags would silently not reach."""
+    their own, which the flags would silently not reach (``scenario.OWN_SAVE_FIELDS``, the
+    rule the file's own fields follow). ``--checkpoint-bytes`` is not one: beside tiers it is
+    the size of one checkpoint, as in the file."""
+    from simulator.model.scenario import OWN_SAVE_FIELDS
+
     if not base.tiers or base.tiers[0].implicit:
         return
-    given = [k for k in _SAVE_FIELDS if overrides.get(k) is not None]
+    # async_checkpoint is no flag: --staging-s sets it, and names it.
+    given = [k for k in OWN_SAVE_FIELDS if k != "async_checkpoint" and overrides.get(k) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise InputError(
