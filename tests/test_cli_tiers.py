@@ -264,7 +264,7 @@ def test_the_budget_of_a_tiered_run_counts_the_tiers_saves_not_the_scenarios_one
     # fraction of a second: a budget refusal for its millions of saves, not "no headway" from
     # a 60 s save the file does not have.
     toml = _variant(tmp_path, "checkpoint_s = 2\n", "checkpoint_s = 1e-6\n")
-    code, _, err = run(capsys, "optimize", "--scenario", toml, "--simulate", "--replicas", "4")
+    code, _, err = run(capsys, "optimize", "--scenario", toml, "--simulate", "--replicas", "40")
     assert code == 2 and "of one core" in err and "no headway" not in err, err
     # ... and a tiered scenario that is hopeless even at its first-order intervals is refused
     # there, not printed with a waste over 100 %.

@@ -52,6 +52,7 @@ __all__ = [
     "single_tier_plan",
     "storage_usd_per_day",
     "stored_bytes",
+    "wall_per_work",
     "waste_at",
 ]
 
@@ -156,16 +157,33 @@ def waste_at(scenario, intervals_s: dict[str, float]) -> float:
     scheduled tiers that survive it (half the work when none is saved on a schedule, half a
     step when an every-step tier serves it, nothing when a just-in-time tier does) and paying
     its recovery and restore (``failure_cost_s``)."""
-    writers = save_writers(scenario)
-    tiers = scheduled(scenario.tiers)
-    waste = sum(
-        t.stall_s(writers) / intervals_s[t.name]
-        for t in tiers
-        if math.isfinite(intervals_s[t.name])
-    )
-    waste += step_overhead(scenario.tiers)
+    waste = _stalls(scenario, intervals_s)
     waste += sum(rate * (lost + cost) for rate, lost, cost in _charges(scenario, intervals_s))
     return float(waste)
+
+
+def _stalls(scenario, intervals_s: dict[str, float]) -> float:
+    """Stall seconds per compute second: each tier's save over its interval, an asynchronous
+    save waiting as well for the rest of the previous write when that outlasts the interval
+    (as the DES does), and every step's stall."""
+    writers = save_writers(scenario)
+    total = step_overhead(scenario.tiers)
+    for t in scheduled(scenario.tiers):
+        tau = intervals_s[t.name]
+        if math.isfinite(tau):
+            wait = max(0.0, t.write_s(writers) - tau) if t.asynchronous else 0.0
+            total += (t.stall_s(writers) + wait) / tau
+    return float(total)
+
+
+def wall_per_work(scenario, intervals_s: dict[str, float]) -> float:
+    """Expected wall seconds per second of work at these intervals, (1 + S) / (1 − F): the
+    stalls S grow with the compute (``_stalls``), the failures' lost work and recovery F
+    (``_charges``) take their share of the wall time; inf when F reaches 1. Unlike the
+    first-order sum S + F it stays finite where the stalls alone outgrow the compute (a save
+    every 2 s that stalls 2 s: twice the work, not "no headway"). The budget's wall time."""
+    lost = sum(rate * (lost + cost) for rate, lost, cost in _charges(scenario, intervals_s))
+    return (1.0 + _stalls(scenario, intervals_s)) / (1.0 - lost) if lost < 1.0 else math.inf
 
 
 def _charges(scenario, intervals_s: dict[str, float]):
