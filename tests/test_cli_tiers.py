@@ -464,3 +464,26 @@ def test_the_profiled_tier_is_named_or_found_and_bad_names_are_one_line(
 def test_profile_tier_without_a_profile_is_refused(capsys, toml):
     code, _, err = run(capsys, "optimize", "--scenario", str(toml), "--profile-tier", "memory")
     assert code == 2 and "--profile-tier needs --profile FILE" in err
+
+
+def test_profile_advice_is_actionable_with_tiers_and_said_once(capsys, tmp_path, toml):
+    # The profile's warnings ask for --storage-bytes-per-s; with [[tier]] tables that flag
+    # was refused ("does not reach the tiers"). Beside --profile it is the profiled tier's cap.
+    _measured_profile(tmp_path / "p.json")
+    job = ["optimize", "--scenario", str(toml), "--profile", str(tmp_path / "p.json"),
+           "--params", "70e9", "--format", "torch", "--json"]  # fmt: skip
+    code, out, err = run(capsys, *job)
+    assert code == 0 and "no storage cap given" in err and "give --storage-bytes-per-s" in err
+    lines = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == len(set(lines))  # each said once
+    uncapped = json.loads(out)["measured_cost"]
+    code, out, err = run(capsys, *job, "--storage-bytes-per-s", "1e8")
+    assert code == 0, err
+    capped = json.loads(out)["measured_cost"]
+    assert "no storage cap given" not in err and "give --storage-bytes-per-s" not in err
+    assert capped["write_s"] > uncapped["write_s"] and capped["aggregate_bytes_per_s"] <= 1e8
+    lines = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == len(set(lines))
+    # Without --profile the flag still does not reach the tiers: refused, not ignored.
+    code, _, err = run(capsys, "optimize", "--scenario", str(toml), "--storage-bytes-per-s", "1e8")
+    assert code == 2 and "does not reach the scenario's [[tier]] tables" in err

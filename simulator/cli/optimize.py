@@ -80,7 +80,8 @@ def register(subparsers) -> None:
         "measured checkpoint cost",
         "Take δ (and the restore time, added to R) from a `ckptsim bench --out` profile, "
         "extrapolated to --params parameters sharded over the job's nodes, through the "
-        "--storage-bytes-per-s cap if one is given.",
+        "--storage-bytes-per-s cap if one is given (with [[tier]] tables: the cap of the "
+        "profiled tier, --profile-tier, else its storage_bytes_per_s).",
     )
     measured.add_argument("--profile", metavar="FILE", help="cost profile JSON from ckptsim bench")
     measured.add_argument(
@@ -141,6 +142,8 @@ def apply_profile(args: argparse.Namespace, scenario):
     cap = scenario.storage_bytes_per_s
     if tier is not None and tier.storage_bytes_per_s is not None:
         cap = tier.storage_bytes_per_s
+    if getattr(args, "profile_cap", None) is not None:  # --storage-bytes-per-s for the tier
+        cap = args.profile_cap
     predicted = CostProfile.load(args.profile).predict(
         params=args.params, nodes=nodes, format=args.format, aggregate_bytes_per_s=cap
     )
@@ -209,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
 
     _only_with_simulate(args)
     default = uses_default_preset(args)
+    args.profile_cap = _profiled_tiers_cap(args)
     scenario = scenario_from_args(args)
     require_failure_rate(scenario)
     if default:
@@ -283,6 +287,23 @@ def run(args: argparse.Namespace) -> int:
         if args.simulate:
             print(render_simulated(result["simulated"], result["optimal_interval_s"]))
     return 0
+
+
+def _profiled_tiers_cap(args: argparse.Namespace) -> float | None:
+    """--storage-bytes-per-s beside --profile and a file with [[tier]] tables: the storage cap
+    the profiled tier's measured cost is extrapolated through (what the profile's warnings ask
+    for), taken off the flags, which otherwise do not reach a file's tiers; None otherwise."""
+    if not (getattr(args, "profile", None) and args.storage_bytes_per_s is not None):
+        return None
+    if not args.scenario:
+        return None
+    from simulator.model.scenario import load_scenario
+
+    tiers = load_scenario(args.scenario).tiers
+    if not tiers or tiers[0].implicit:
+        return None  # the scenario's own save: the flag reaches it as ever
+    cap, args.storage_bytes_per_s = args.storage_bytes_per_s, None
+    return cap
 
 
 def _profiled_tier(args: argparse.Namespace, scenario):
