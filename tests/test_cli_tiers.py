@@ -11,6 +11,7 @@ import pytest
 from simulator import analytic
 from simulator.cli import main
 from simulator.model.scenario import load_scenario
+from simulator.model.tier_plan import closed_form_plan
 from simulator.model.tiers import first_order_plan
 
 TWO_TIERS = """
@@ -104,8 +105,8 @@ def test_simulate_runs_the_tiers_and_counts_failures_per_class_and_saves_per_tie
     [
         (["--tier-interval-s", "memory"], "give NAME=SECONDS"),
         (["--tier-interval-s", "disk=60"], "no tier named 'disk'"),
-        (["--tier-interval-s", "memory=0"], "must be a positive, finite number"),
-        (["--tier-interval-s", "memory=inf"], "must be a positive, finite number"),
+        (["--tier-interval-s", "memory=0"], "must be a positive number"),
+        (["--tier-interval-s", "memory=-inf"], "(or inf: no saves on a schedule)"),
         (["--tier-interval-s", "memory=ten"], "give NAME=SECONDS"),
         (["--tier-interval-s", "memory=5", "--tier-interval-s", "memory=6"], "given twice"),
         (["--policy", "young"], "not --policy"),
@@ -487,3 +488,30 @@ def test_profile_advice_is_actionable_with_tiers_and_said_once(capsys, tmp_path,
     # Without --profile the flag still does not reach the tiers: refused, not ignored.
     code, _, err = run(capsys, "optimize", "--scenario", str(toml), "--storage-bytes-per-s", "1e8")
     assert code == 2 and "does not reach the scenario's [[tier]] tables" in err
+
+
+def test_simulate_says_which_intervals_ran_and_takes_inf_as_no_saves_on_a_schedule(
+    capsys, toml, tmp_path
+):
+    argv = ["simulate", "--scenario", str(toml), "--replicas", "2", "--workers", "1"]
+    code, out, err = run(capsys, *argv, "--tier-interval-s", "memory=600", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    plan = closed_form_plan(load_scenario(toml))["tier_intervals_s"]
+    assert got["tier_intervals_s"] == {"memory": 600.0, "persistent": plan["persistent"]}
+    assert got["tier_intervals_from"] == {"memory": "--tier-interval-s",
+                                          "persistent": "closed form"}  # fmt: skip
+    code, out, err = run(capsys, *argv, "--tier-interval-s", "memory=inf")
+    assert code == 0, err
+    head = out.splitlines()[0]
+    assert "policy tiers [memory never (--tier-interval-s); persistent every" in head
+    assert "memory=inf: memory is never saved" in err
+    code, out, err = run(capsys, *argv, "--tier-interval-s", "memory=inf", "--json")
+    got = json.loads(out)
+    assert got["tier_intervals_s"]["memory"] is None and got["saves_memory_mean"] == 0
+    # A single-tier policy over failure classes says it ran that policy, not "tiers".
+    code, out, err = run(capsys, "simulate", "--scenario", str(_classes_only(tmp_path)),
+                         "--replicas", "2", "--workers", "1", "--policy", "young")  # fmt: skip
+    assert code == 0, err
+    assert "policy young [persistent every" in out.splitlines()[0]
+    assert "(--policy young)]" in out.splitlines()[0]
