@@ -138,7 +138,10 @@ def search_tiers(
     boot: int = 400,
 ) -> TierOptimum:
     """The simulated optimum of every tier's interval (``single_tier``: of the best single
-    tier's, the other tiers saved only at the end), starting from the first-order plan."""
+    tier's, the other tiers saved only at the end), starting from the closed-form plan.
+    ``bar`` advances by one per run, and at the end by the runs of the extra rounds it did
+    not need, so that a bar sized for them all (``max_runs``) fills without its total ever
+    changing."""
     if not scenario.tiers:
         raise InputError("a tier search needs [[tier]] tables in the scenario")
     if replicas < 2:
@@ -174,11 +177,10 @@ def search_tiers(
         centre = best
         if at_edge and extra < EXTRA_ROUNDS:
             extra += 1  # the same round again, around the edge it stopped at
-            if bar is not None:
-                bar.total += len(points) * replicas
-                bar.refresh()
             continue
         i += 1
+    if bar is not None:  # the bar holds room for every extra round: skip those not run
+        bar.update((EXTRA_ROUNDS - extra) * len(offsets) * replicas)
     points, walls, around, reach = last
     rng = np.random.default_rng(0)
     draws = np.array(
@@ -264,6 +266,15 @@ def evaluations_for(scenario) -> int:
     return tiers + single + 3  # and the check: the two optima and the first-order plan
 
 
+def max_runs(scenario, replicas: int, extra: int = 0) -> int:
+    """Runs :func:`simulate_tier_plan` makes at most: its schedules (``evaluations_for``, and
+    ``extra`` more in the check) and every extra round each search may add, on every
+    replica; the size of its progress bar."""
+    k, separate = _searched(scenario)
+    rounds = EXTRA_ROUNDS * (3**k if k else 0) + (EXTRA_ROUNDS * 3 if separate else 0)
+    return (evaluations_for(scenario) + extra + rounds) * replicas
+
+
 def budget_schedules(scenario) -> list[TierSchedule]:
     """Schedules as many and as costly as :func:`simulate_tier_plan` runs, for the budget:
     its designs centre on the first-order plan (tiers) and the first-order single tier."""
@@ -302,7 +313,7 @@ def simulate_tier_plan(
     first = TierSchedule(dict(closed_form_plan(scenario)["tier_intervals_s"]))
     search_ss, check_ss = search_and_check(seed)  # as optimize_by_simulation
     extra = dict(extra or {})
-    total = (evaluations_for(scenario) + len(extra)) * replicas
+    total = max_runs(scenario, replicas, len(extra))
     with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
         tiers = search_tiers(scenario, replicas=replicas, seed=search_ss, workers=workers, bar=bar)
         plain = scheduled_only(scenario)

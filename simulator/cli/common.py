@@ -374,16 +374,17 @@ def _refuse_flags_over_classes(base, overrides: dict[str, Any]) -> None:
     classes = base.failure_classes
     if not classes:
         return
-    fields = ["failure", "detection_s"]
+    fields = ["failure", "detection_s", "mtbf_h", "gpu_mtbf_h", "node_mtbf_h"]
     if all(c.restart_s is not None for c in classes):
         fields.append("restart_s")
     given = [k for k in fields if overrides.get(k) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
+        what = " failure rate" if "mtbf" in given[0] else ""
         raise InputError(
             f"{flag} does not reach the scenario's [[failure_class]] tables ("
             + ", ".join(c.name for c in classes)
-            + "): each class sets its own; edit them in the file"
+            + f"): each class sets its own{what}; edit them in the file"
         )
 
 

@@ -90,6 +90,9 @@ def first_order_plan(scenario) -> dict[str, Any]:
         raise InputError("the tier closed form needs [[tier]] tables in the scenario")
     writers = save_writers(scenario)
     costs = {t.name: t.stall_s(writers) for t in scheduled(scenario.tiers)}
+    for name, cost in costs.items():  # the tiers' fields are in range: a guard, naming it
+        if not (math.isfinite(cost) and cost > 0):
+            raise InputError(f"tier {name!r}: its save stalls {cost!r} s; give a positive time")
     rates = dict.fromkeys(costs, 0.0)
     restart_cost = 0.0
     for name, rate, recovery_s in class_terms(scenario):
