@@ -3,6 +3,7 @@ form, where it is exact, where it is rough, and the simulated optimum as the rec
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import textwrap
@@ -313,3 +314,76 @@ def test_the_tier_budget_lets_a_routine_search_run_and_counts_stalls_against_the
                          "--json")  # fmt: skip
     assert code == 0, err
     assert 0.45 < json.loads(out)["waste_fraction_mean"] < 0.6  # the DES: about half the wall
+
+
+# -- storage: the retained copies of the tiers the price applies to ---------------------------
+def test_the_storage_bill_counts_each_persistent_tiers_retained_copies():
+    from simulator.model.money import storage_usd_per_day
+
+    s = load_scenario("llama3-tiers")  # 5.67 TB a checkpoint, 2 kept, $0.02 per GB-month
+    got = recommend_tiers(s)
+    expected = storage_usd_per_day(5.67e12, 2, 0.02)  # host memory is not billed
+    assert got["storage_usd_per_day"] == pytest.approx(expected)
+    assert got["single_tier_storage_usd_per_day"] == pytest.approx(expected)
+    more = Scenario.from_mapping(
+        {**s.to_dict(), "tier": [dict(t, retention=5) if t["name"] == "persistent" else t
+                                 for t in s.to_dict()["tier"]]}
+    )  # fmt: skip
+    assert recommend_tiers(more)["storage_usd_per_day"] == pytest.approx(expected * 5 / 2)
+    # A tier's own checkpoint_bytes is its size; without a price there is no bill.
+    own = Scenario.from_mapping(
+        {**s.to_dict(), "tier": [dict(t, checkpoint_bytes=1e12) if t["name"] == "persistent"
+                                 else t for t in s.to_dict()["tier"]]}
+    )  # fmt: skip
+    assert recommend_tiers(own)["storage_usd_per_day"] == pytest.approx(
+        storage_usd_per_day(1e12, 2, 0.02)
+    )
+    free = Scenario.from_mapping({k: v for k, v in s.to_dict().items() if k != "usd_per_gb_month"})
+    assert recommend_tiers(free)["storage_usd_per_day"] is None
+
+
+def test_simulates_summary_shows_the_just_in_time_tier_too(capsys, tmp_path):
+    path = tmp_path / "jit.toml"
+    path.write_text(
+        textwrap.dedent("""
+        gpus = 1024
+        work_h = 50
+        restart_s = 300
+        [[failure_class]]
+        name = "process"
+        gpu_mtbf_h = 20000
+        [[failure_class]]
+        name = "node"
+        node_mtbf_h = 20000
+        [[tier]]
+        name = "jit"
+        jit = true
+        checkpoint_s = 60
+        survives = ["process"]
+        [[tier]]
+        name = "persistent"
+        checkpoint_s = 60
+        survives = ["process", "node"]
+    """)
+    )
+    code, out, err = run(capsys, "optimize", "--scenario", str(path), "--simulate",
+                         "--replicas", "3", "--workers", "1")  # fmt: skip
+    assert code == 0, err
+    simulated = out[out.index("Simulated optimum") :]
+    assert "jit" in simulated and "on failure" in simulated
+
+
+def test_the_help_examples_show_what_the_commands_print(capsys):
+    from simulator.cli import optimize, simulate
+
+    code, out, _ = run(capsys, "optimize", "--scenario", "llama3-tiers")
+    shown = [line.strip() for line in optimize.EPILOG.splitlines() if line.startswith(" " * 8)]
+    assert code == 0 and shown and all(line in out for line in shown[:3])
+    assert "--tier-interval-s memory=600" in simulate.EPILOG
+    assert "[[tier]]" in optimize.DESCRIPTION and "closed_form" in optimize.DESCRIPTION
+    # Every example that goes on to a further line ends its line with a continuation.
+    for text in (optimize.EPILOG, simulate.EPILOG):
+        lines = text.splitlines()
+        for line, after in itertools.pairwise(lines):
+            if line.startswith("  ckptsim") and after.startswith("      --"):
+                assert line.endswith(" \\"), line

@@ -160,9 +160,11 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "scenario",
         # Line breaks by hand: the commands keep their descriptions' layout (RawDescription).
-        "Flags override the scenario file. Without --scenario, flags alone describe the\n"
-        "job (unset fields take the defaults: 60 s saves, 10 min restarts); with neither,\n"
-        "the embedded default preset (Llama 3 405B on 16,384 GPUs) is used.",
+        "Flags override the scenario file's fields; a file's [[tier]] and [[failure_class]]\n"
+        "tables set their own saves and failures, which the flags do not reach (refused).\n"
+        "Without --scenario, flags alone describe the job (unset fields take the defaults:\n"
+        "60 s saves, 10 min restarts); with neither, the embedded default preset (Llama 3\n"
+        "405B on 16,384 GPUs) is used.",
     )
     g.add_argument(
         "--scenario",

@@ -44,7 +44,14 @@ and set the classic estimates (Young 1974, Daly 2006) and the usual defaults (ev
 hourly, every 3 h, every 500 or 1000 steps) beside it: waste, expected wall time for --work-h
 hours of compute, and money lost per day at --usd-per-gpu-hour. The formulas assume
 exponential (memoryless) failures; for Weibull or measured failure models, check the answer
-with `ckptsim simulate`."""
+with `ckptsim simulate`.
+
+A scenario with [[tier]] and [[failure_class]] tables (llama3-tiers) gets every tier's
+interval at once: the first-order plan (Benoit et al. 2017; the exact single-tier optimum
+when one tier serves every class) with its waste and dollars, the best single tier beside it
+and what each assumes; --simulate searches every tier's interval on the simulator, and its
+optimum is then the recommendation (the top-level JSON keys; the closed form stays under
+"closed_form")."""
 
 EPILOG = """\
 examples:
@@ -53,8 +60,18 @@ examples:
   ckptsim optimize --gpus 1024 --gpu-mtbf-h 50000 --checkpoint-s 90 --restart-s 900 \\
       --work-h 720 --usd-per-gpu-hour 2.5 --step-s 4.2
   ckptsim optimize --scenario opt175b --checkpoint-s 60 --json
+  ckptsim optimize --scenario llama3-tiers
+      two tiers (host memory + peer, persistent storage) against six failure classes:
+        tier                  save every    failures it restores (per h)
+        memory                   3.5 min                          0.3187
+        persistent                2.68 h                         0.00463
+      then the waste and dollars of the tiers and of one tier, and the recommendation
+  ckptsim optimize --scenario llama3-tiers --simulate --replicas 100
+      every tier's interval by simulation, with 95% CIs: the recommendation
 
 Intervals are compute time between saves; every save stalls training for --checkpoint-s.
+With [[tier]] tables each tier sets its own save (checkpoint_s, async with staging_s,
+restore_s, retention) in the file: the save flags do not reach them and are refused.
 Presets: llama3, llama3-mix (its interruptions by cause), llama3-tiers (the mix with a
 memory tier), opt175b, bloom176b, titan, titan-record (simulator/presets/*.toml, with their
 sources)."""

@@ -51,6 +51,12 @@ examples:
       replay a real failure log (timestamps, or numbers with --unit) instead of a model; with
       no failure rate given the policy plans with the log's own MTBF (give --mtbf-h or
       --gpu-mtbf-h to see what planning for another rate costs on these failures)
+  ckptsim simulate --scenario llama3-tiers --tier-interval-s memory=600 \\
+      --tier-interval-s persistent=3600 --replicas 50
+      a tier schedule by hand (a tier not named takes optimize's closed form; inf: no saves
+      on a schedule); the header names each interval and where it came from, and the table
+      adds failures, lost work and recovery per class, saves and restores per tier:
+        failures gpu ... lost by gpu (h) ... saves memory ... restores persistent
   ckptsim simulate --scenario llama3-tiers --trace log.csv --cause-column cause \\
       --cause-class "GPU HBM3"=gpu --cause-class "Network switch"=network ...
       replay a log against failure classes and tiers: each failure restores from the tier
