@@ -515,3 +515,11 @@ def test_simulate_says_which_intervals_ran_and_takes_inf_as_no_saves_on_a_schedu
     assert code == 0, err
     assert "policy young [persistent every" in out.splitlines()[0]
     assert "(--policy young)]" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("flag", [["--gpu-mtbf-h", "5000"], ["--mtbf-h", "5"]])
+def test_a_rate_flag_over_failure_classes_says_it_does_not_reach_them(capsys, toml, flag):
+    code, out, err = run(capsys, "optimize", "--scenario", str(toml), *flag)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{flag[0]} does not reach the scenario's [[failure_class]] tables" in err
+    assert "own failure rate" in err and "drop the scenario's" not in err

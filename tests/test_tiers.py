@@ -219,6 +219,10 @@ def test_the_closed_form_is_vectorised_and_rejects_bad_costs():
         ),
         (("checkpoint_s = 2", "checkpoint_s = 1e308"), "between 1e-06 and 3.6e+18 seconds"),
         (("detection_s = 60", "detection_s = 1e308"), "between 1e-06 and 3.6e+18 seconds"),
+        (  # was an infinite write time, refused later as "got [inf, 2.0]" naming no tier
+            ("checkpoint_bytes = 1e12", "checkpoint_bytes = 1e300"),
+            "tier 'persistent': checkpoint_bytes must be between 1 and 1e+18 bytes",
+        ),
         (('name = "memory"', 'name = "mem=ory"'), "may not hold '='"),
         (('name = "process"', 'name = "in_recovery"'), "failures_in_recovery is already"),
         (('name = "process"', 'name = "process_mean"'), "may not be or end in '_mean'"),

@@ -60,10 +60,10 @@ ROUGH_STRAIN = 0.05
 """Above this Σ_c λ_c·(recovery_c + τ_c) (``first_order_strain``) the first-order waste is
 called rough. The first-order forms take at most one failure per interval and recovery and
 drop the terms of the next order; on the ``llama3-tiers`` mix the first-order waste runs high
-by about half this sum, relative (``reports/tiers.md``, "Where the first order holds": the
-DES at the plan's own intervals from 1,024 to 100,000 GPUs). At 0.05 that is ~2.5 %, about
-the 95 % CI half-width of a 100-replica simulation at 16,384 GPUs: past it the bias is one a
-routine ``--simulate`` resolves."""
+by about 0.6 to 0.7 times this sum, relative (``reports/tiers.md``, "Where the first order holds":
+the DES at the plan's own intervals from 1,024 to 100,000 GPUs; 7 % at 16,384 GPUs, where the
+sum is 0.097). At 0.05 that is ~3 %, about the 95 % CI half-width of a 100-replica simulation
+at 16,384 GPUs: past it the bias is one a routine ``--simulate`` resolves."""
 
 
 def first_order_plan(scenario) -> dict[str, Any]:
@@ -81,8 +81,10 @@ def first_order_plan(scenario) -> dict[str, Any]:
     ``waste_fraction`` is the steady rate (what dollars per day use); the job's final save,
     paid once per job, is ``final_save_s`` apart from it (``job_waste_fraction`` adds it).
     Returns ``tier_intervals_s`` (tier name -> seconds; ``inf``: only the final save goes
-    there), ``rates_per_s`` (λℓ per tier; a burst counts once), ``waste_fraction`` and
-    ``final_save_s``.
+    there), ``rates_per_s`` (λℓ per tier; a burst counts once), ``waste_fraction``,
+    ``final_save_s`` and ``raised_to_write_s`` (``after_writes``: the asynchronous tiers whose
+    first-order interval was shorter than their write, and now is the write; the waste is then
+    ``waste_at`` those intervals).
     """
     from simulator import analytic  # scipy: only when a closed form is asked for
 
