@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -264,8 +265,8 @@ def test_a_scenario_without_jit_or_every_step_tiers_says_how_to_weigh_them(capsy
     text = " ".join(out.split())
     assert code == 0 and "add a [[tier]] with jit = true" in text
     assert "every_step = true, step_s and step_stall_s" in text
-    code, out, _ = run(capsys, "optimize", "--scenario",
-                       "experiments/scenarios/llama3-every-step-bursts.toml")  # fmt: skip
+    example = Path(__file__).parents[1] / "experiments/scenarios/llama3-every-step-bursts.toml"
+    code, out, _ = run(capsys, "optimize", "--scenario", str(example))
     assert code == 0 and "add a [[tier]] with jit" not in out
 
 
