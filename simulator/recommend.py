@@ -33,12 +33,14 @@ HOUR = 3600.0
 
 def scenario_stall_s(scenario) -> float:
     """δ from a scenario: the staging copy of an async save, else the write (or checkpoint_s)."""
-    return float(getattr(scenario, "save_stall_s", scenario.checkpoint_s))
+    stall = getattr(scenario, "save_stall_s", None)
+    return float(scenario.checkpoint_s if stall is None else stall)
 
 
 def scenario_recovery_s(scenario) -> float:
     """R from a scenario: detection + restart + checkpoint load + warm-up, seconds."""
-    return float(getattr(scenario, "recovery_s", scenario.restart_s))
+    recovery = getattr(scenario, "recovery_s", None)
+    return float(scenario.restart_s if recovery is None else recovery)
 
 
 def recommend(

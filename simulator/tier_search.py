@@ -1,24 +1,27 @@
 """The simulated optimum of a tiered schedule: every tier's interval at once, by simulation.
 
-The first-order closed form (``model.tiers.first_order_plan``, Benoit et al. 2017) assumes
+The closed form (``model.tier_plan.closed_form_plan``: the first-order plan of Benoit et al.
+2017, or today's exact single-tier optimum when one tier serves every failure class) assumes
 each tier's failures are rare against its interval and that the tiers do not interact; the
 DES assumes neither. Here the objective is the mean wall time over replicas of the tiered
 DES, every candidate schedule on the same failure histories (common random numbers, as in
 ``simulator.optimize``). The search works in log-interval space:
 
-- Round 1 evaluates a 3^k design (k tiers searched) around the first-order intervals, at
+- Round 1 evaluates a 3^k design (k tiers searched) around the closed-form intervals, at
   half their value and twice it; a least-squares quadratic through those points, smoothed
   over the noise, gives its minimiser, kept inside the design's box (half a step past it).
 - Round 2 does the same around that minimiser with a box of √2 either way.
 - The estimate is round 2's minimiser: 2·3^k evaluations in all (18 for two tiers), never
   the single noisy best point. Round 2's replicas, resampled with their pairing kept
-  (bootstrap), give percentile intervals for each tier's interval.
+  (bootstrap), give percentile intervals for each tier's interval. At most
+  ``MAX_SEARCHED_TIERS`` tiers are searched together (the design grows as 3^k).
 
-A tier whose first-order interval is infinite (no failure class needs it) is not searched:
+A tier whose closed-form interval is infinite (no failure class needs it) is not searched:
 it takes only the job's final save. Just-in-time and every-step tiers have no interval: they
 run as they are in every schedule, and the single tier runs without them. Searching one tier
 with the others at infinity is the best single-tier schedule (``single_tier=True``), so the
-two answers are found the same way.
+two answers are found the same way. The check then runs the two optima and the closed-form
+plan (under the key ``first_order``) on fresh seeds.
 """
 
 from __future__ import annotations
@@ -34,14 +37,23 @@ import numpy as np
 from simulator.engines.results import mean_ci
 from simulator.engines.streams import search_and_check
 from simulator.errors import InputError
-from simulator.model.tier_plan import first_order_plan, single_tier_plan
+from simulator.model.tier_plan import closed_form_plan, single_tier_plan
 from simulator.model.tiers import TierSchedule, scheduled
 
-__all__ = ["TierOptimum", "evaluate_schedules", "search_tiers", "waste_summary"]
+__all__ = [
+    "MAX_SEARCHED_TIERS",
+    "TierOptimum",
+    "evaluate_schedules",
+    "search_tiers",
+    "waste_summary",
+]
 
 ROUNDS = ((math.log(2.0), 1.5), (0.5 * math.log(2.0), 1.5))
 """(half-width of the 3^k design in log interval, how far past it the minimiser may go, in
 half-widths) for each round."""
+MAX_SEARCHED_TIERS = 4
+"""Most tiers whose intervals are searched together: 2·3^4 = 162 schedules a search, each on
+every replica; past it the design outgrows any budget (25 tiers would be 2·3^25)."""
 EXTRA_ROUNDS = 3
 """A round whose minimiser ends on its box's edge (the basin lies further out) is run again
 around that edge, at most this many times in all; an answer still on the edge says so."""
@@ -126,7 +138,10 @@ def search_tiers(
     boot: int = 400,
 ) -> TierOptimum:
     """The simulated optimum of every tier's interval (``single_tier``: of the best single
-    tier's, the other tiers saved only at the end), starting from the first-order plan."""
+    tier's, the other tiers saved only at the end), starting from the closed-form plan.
+    ``bar`` advances by one per run, and at the end by the runs of the extra rounds it did
+    not need, so that a bar sized for them all (``max_runs``) fills without its total ever
+    changing."""
     if not scenario.tiers:
         raise InputError("a tier search needs [[tier]] tables in the scenario")
     if replicas < 2:
@@ -136,14 +151,16 @@ def search_tiers(
         plan = single_tier_plan(scenario)
         start = {n: math.inf for n in names_all} | {plan["tier"]: plan["interval_s"]}
     else:
-        start = dict(first_order_plan(scenario)["tier_intervals_s"])
+        start = dict(closed_form_plan(scenario)["tier_intervals_s"])
     # A tier saved no more often than the whole job lasts takes only the final save anyway.
     names = tuple(n for n in names_all if start[n] < float(scenario.work_s))
     fixed = {n: math.inf for n in names_all if n not in names}
     if not names:
         return TierOptimum(dict(fixed), {}, 0, replicas, ())
-    centre = np.log([start[n] for n in names])
     k = len(names)
+    if k > MAX_SEARCHED_TIERS:
+        evaluations_for(scenario)  # its one-line refusal
+    centre = np.log([start[n] for n in names])
     offsets = np.array(list(itertools.product((-1.0, 0.0, 1.0), repeat=k)))
     evaluations, extra, i = 0, 0, 0
     while i < len(ROUNDS):
@@ -160,11 +177,10 @@ def search_tiers(
         centre = best
         if at_edge and extra < EXTRA_ROUNDS:
             extra += 1  # the same round again, around the edge it stopped at
-            if bar is not None:
-                bar.total += len(points) * replicas
-                bar.refresh()
             continue
         i += 1
+    if bar is not None:  # the bar holds room for every extra round: skip those not run
+        bar.update((EXTRA_ROUNDS - extra) * len(offsets) * replicas)
     points, walls, around, reach = last
     rng = np.random.default_rng(0)
     draws = np.array(
@@ -217,7 +233,7 @@ def _searched(scenario) -> tuple[int, bool]:
     """(how many tiers the search varies, whether the single-tier search varies another set:
     when it would vary the same one tier, the two searches are one)."""
     work = float(scenario.work_s)
-    varied = {n for n, v in first_order_plan(scenario)["tier_intervals_s"].items() if v < work}
+    varied = {n for n, v in closed_form_plan(scenario)["tier_intervals_s"].items() if v < work}
     single = single_tier_plan(scenario)
     alone = {single["tier"]} if single["interval_s"] < work else set()
     # The single tier runs without just-in-time or every-step tiers: another search.
@@ -235,17 +251,34 @@ def scheduled_only(scenario):
 
 def evaluations_for(scenario) -> int:
     """How many schedules :func:`simulate_tier_plan` runs (each on every replica), when no
-    round needs running again (``EXTRA_ROUNDS``)."""
+    round needs running again (``EXTRA_ROUNDS``); more than ``MAX_SEARCHED_TIERS`` tiers to
+    search is one line."""
     k, separate = _searched(scenario)
+    if k > MAX_SEARCHED_TIERS:
+        raise InputError(
+            f"the simulated search varies every tier's interval at once in a 3^k design; this "
+            f"scenario has {k} tiers to search, and at most {MAX_SEARCHED_TIERS} are searched "
+            f"together ({len(ROUNDS) * 3**MAX_SEARCHED_TIERS} schedules): merge tiers, or run "
+            "chosen schedules with `ckptsim simulate --tier-interval-s NAME=SECONDS`"
+        )
     tiers = len(ROUNDS) * 3**k if k else 0
     single = len(ROUNDS) * 3 if separate else 0
     return tiers + single + 3  # and the check: the two optima and the first-order plan
 
 
+def max_runs(scenario, replicas: int, extra: int = 0) -> int:
+    """Runs :func:`simulate_tier_plan` makes at most: its schedules (``evaluations_for``, and
+    ``extra`` more in the check) and every extra round each search may add, on every
+    replica; the size of its progress bar."""
+    k, separate = _searched(scenario)
+    rounds = EXTRA_ROUNDS * (3**k if k else 0) + (EXTRA_ROUNDS * 3 if separate else 0)
+    return (evaluations_for(scenario) + extra + rounds) * replicas
+
+
 def budget_schedules(scenario) -> list[TierSchedule]:
     """Schedules as many and as costly as :func:`simulate_tier_plan` runs, for the budget:
     its designs centre on the first-order plan (tiers) and the first-order single tier."""
-    first = TierSchedule(dict(first_order_plan(scenario)["tier_intervals_s"]))
+    first = TierSchedule(dict(closed_form_plan(scenario)["tier_intervals_s"]))
     plan = single_tier_plan(scenario)
     single = TierSchedule(
         {t.name: math.inf for t in scheduled(scenario.tiers)} | {plan["tier"]: plan["interval_s"]}
@@ -277,10 +310,10 @@ def simulate_tier_plan(
 
     from simulator.optimize import paired_excess
 
-    first = TierSchedule(dict(first_order_plan(scenario)["tier_intervals_s"]))
+    first = TierSchedule(dict(closed_form_plan(scenario)["tier_intervals_s"]))
     search_ss, check_ss = search_and_check(seed)  # as optimize_by_simulation
     extra = dict(extra or {})
-    total = (evaluations_for(scenario) + len(extra)) * replicas
+    total = max_runs(scenario, replicas, len(extra))
     with tqdm(total=total, unit="run", desc="optimize", disable=not progress, leave=False) as bar:
         tiers = search_tiers(scenario, replicas=replicas, seed=search_ss, workers=workers, bar=bar)
         plain = scheduled_only(scenario)

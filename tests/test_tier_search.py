@@ -88,3 +88,37 @@ def test_the_search_lands_in_a_brute_force_grids_optimum_ci_with_a_twentieth_of_
     assert excess.mean() < 2e-3, excess.mean()
     for name, (a, b) in found.ci95_s.items():
         assert a <= found.intervals_s[name] <= b
+
+
+class CountingBar:
+    """A progress bar that records what it was told (a context manager, as tqdm is)."""
+
+    def __init__(self, total=None, **_):
+        self.total, self.n, self.totals = total, 0, {total}
+
+    def update(self, n=1):
+        self.n += n
+        self.totals.add(self.total)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_progress_bar_keeps_its_total_and_ends_full(monkeypatch):
+    # Was: the total grew when a round ran again (216 -> 432 mid-run). Now the bar holds room
+    # for every extra round from the start and skips what the search did not need.
+    import tqdm.auto
+
+    from simulator.tier_search import max_runs, simulate_tier_plan
+
+    s = Scenario(**{**MIX, "work_h": 5.0})
+    bar = CountingBar(max_runs(s, 3))
+    search_tiers(s, replicas=3, seed=1, bar=bar)
+    assert bar.totals == {max_runs(s, 3)} and bar.n == (2 + 3) * 9 * 3  # rounds, extra rounds
+    bars = []
+    monkeypatch.setattr(tqdm.auto, "tqdm", lambda **kw: bars.append(CountingBar(**kw)) or bars[-1])
+    simulate_tier_plan(s, replicas=2, seed=1)
+    assert len(bars) == 1 and bars[0].n == bars[0].total and len(bars[0].totals) == 1

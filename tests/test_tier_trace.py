@@ -97,7 +97,7 @@ def test_causes_map_to_classes_by_name_or_by_mapping_and_unmapped_ones_are_refus
     names = ["process", "node"]
     got = classes_of(["node", "Xid 79", "process"], names, {"Xid 79": "node"})
     assert got.tolist() == ["node", "node", "process"]
-    with pytest.raises(InputError, match=r"1 cause in the trace map to no failure class \('Xid"):
+    with pytest.raises(InputError, match=r"1 cause in the trace maps to no failure class \('Xid"):
         classes_of(["node", "Xid 79"], names)
     with pytest.raises(InputError, match="maps to 'disk', which is no failure class"):
         classes_of(["node"], names, {"node": "disk"})
@@ -141,7 +141,7 @@ def test_a_random_start_keeps_each_failures_class(files):
     "extra, fragment",
     [
         ([], "3 causes in the trace map to no failure class"),
-        (MAP[:4], "1 cause in the trace map to no failure class ('Network switch')"),
+        (MAP[:4], "1 cause in the trace maps to no failure class ('Network switch')"),
         ([*MAP, "--cause-class", "GPU HBM3=node"], "is given twice"),
         (["--cause-class", "GPU HBM3"], "give CAUSE=CLASS"),
         ([*MAP, "--cause-column", "reason"], "no column 'reason' in the log"),

@@ -203,3 +203,51 @@ def test_the_closed_form_is_vectorised_and_rejects_bad_costs():
     assert waste == pytest.approx(math.sqrt(4e-4))
     with pytest.raises(InputError):
         analytic.tier_first_order([0.0], [1e-4])
+
+
+# -- hostile and half-written tables: one line each, never a traceback or a silent default --
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (('name = "memory"\n', ""), "every [[tier]] needs a name"),
+        (('name = "node"\n', ""), "every [[failure_class]] needs a name"),
+        (('survives = ["process"]\n', ""), "tier 'memory': give survives"),
+        (("checkpoint_s = 2", "checkpoint_s = 2\nstaging_s = 1"), "add async = true"),
+        (
+            ("checkpoint_s = 2", "checkpoint_s = 2\nwrite_bytes_per_s_per_node = 1e9"),
+            "not both (write_bytes_per_s_per_node with checkpoint_s)",
+        ),
+        (("checkpoint_s = 2", "checkpoint_s = 1e308"), "between 1e-06 and 3.6e+18 seconds"),
+        (("detection_s = 60", "detection_s = 1e308"), "between 1e-06 and 3.6e+18 seconds"),
+        (  # was an infinite write time, refused later as "got [inf, 2.0]" naming no tier
+            ("checkpoint_bytes = 1e12", "checkpoint_bytes = 1e300"),
+            "tier 'persistent': checkpoint_bytes must be between 1 and 1e+18 bytes",
+        ),
+        (('name = "memory"', 'name = "mem=ory"'), "may not hold '='"),
+        (('name = "process"', 'name = "in_recovery"'), "failures_in_recovery is already"),
+        (('name = "process"', 'name = "process_mean"'), "may not be or end in '_mean'"),
+        (("work_h = 10", "work_h = 10\ncheckpoint_s = 30"), "checkpoint_s describes the scen"),
+        (("work_h = 10", "work_h = 10\nstaging_s = 3"), "staging_s describes the scenario"),
+        (("work_h = 10", "work_h = 10\nstorage_bytes_per_s = 1e9"), "drop storage_bytes_per_s"),
+        (("work_h = 10", "work_h = 10\ncheckpoints_retained = 3"), "(retention in its [[tier]]"),
+    ],
+)
+def test_a_half_written_or_hostile_table_is_one_line(tmp_path, edit, expected):
+    old, new = edit
+    assert old in TWO_TIERS
+    assert expected in one_line_error(tmp_path, TWO_TIERS.replace(old, new, 1))
+
+
+def test_a_failure_class_that_is_a_number_is_one_line_not_a_traceback(tmp_path):
+    assert "[[failure_class]] tables" in one_line_error(tmp_path, "gpus = 8\nfailure_class = 5\n")
+
+
+def test_the_reserved_names_are_the_records_own_columns_and_the_summarys_statistics():
+    # The reserved names follow the record and its summary: if either grows a column or a
+    # statistic a class could collide with, this fails before a user meets it.
+    from simulator.engines.results import METRICS, PART_PREFIXES, describe
+    from simulator.model.tiers import RESERVED_CLASS_NAMES, SUMMARY_STATS
+
+    assert tuple(describe([1.0, 2.0])) == SUMMARY_STATS
+    prefixed = {m for m in METRICS if m.startswith(PART_PREFIXES)}
+    assert prefixed == {f"failures_{n}" for n in RESERVED_CLASS_NAMES}

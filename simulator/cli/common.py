@@ -160,9 +160,11 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "scenario",
         # Line breaks by hand: the commands keep their descriptions' layout (RawDescription).
-        "Flags override the scenario file. Without --scenario, flags alone describe the\n"
-        "job (unset fields take the defaults: 60 s saves, 10 min restarts); with neither,\n"
-        "the embedded default preset (Llama 3 405B on 16,384 GPUs) is used.",
+        "Flags override the scenario file's fields; a file's [[tier]] and [[failure_class]]\n"
+        "tables set their own saves and failures, which the flags do not reach (refused).\n"
+        "Without --scenario, flags alone describe the job (unset fields take the defaults:\n"
+        "60 s saves, 10 min restarts); with neither, the embedded default preset (Llama 3\n"
+        "405B on 16,384 GPUs) is used.",
     )
     g.add_argument(
         "--scenario",
@@ -348,22 +350,17 @@ def uses_default_preset(args: argparse.Namespace, extra: dict[str, Any] | None =
     return all(v is None for v in _overrides(args, extra).values())
 
 
-_SAVE_FIELDS = (
-    "checkpoint_s",
-    "staging_s",
-    "checkpoint_bytes",
-    "write_bytes_per_s_per_node",
-    "storage_bytes_per_s",
-    "read_bytes_per_s",
-)
-
-
 def _refuse_save_flags_over_tiers(base, overrides: dict[str, Any]) -> None:
     """The save flags describe the scenario's own save; a file's [[tier]] tables each have
-    their own, which the flags would silently not reach."""
+    their own, which the flags would silently not reach (``scenario.OWN_SAVE_FIELDS``, the
+    rule the file's own fields follow). ``--checkpoint-bytes`` is not one: beside tiers it is
+    the size of one checkpoint, as in the file."""
+    from simulator.model.scenario import OWN_SAVE_FIELDS
+
     if not base.tiers or base.tiers[0].implicit:
         return
-    given = [k for k in _SAVE_FIELDS if overrides.get(k) is not None]
+    # async_checkpoint is no flag: --staging-s sets it, and names it.
+    given = [k for k in OWN_SAVE_FIELDS if k != "async_checkpoint" and overrides.get(k) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise InputError(
@@ -379,16 +376,17 @@ def _refuse_flags_over_classes(base, overrides: dict[str, Any]) -> None:
     classes = base.failure_classes
     if not classes:
         return
-    fields = ["failure", "detection_s"]
+    fields = ["failure", "detection_s", "mtbf_h", "gpu_mtbf_h", "node_mtbf_h"]
     if all(c.restart_s is not None for c in classes):
         fields.append("restart_s")
     given = [k for k in fields if overrides.get(k) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
+        what = " failure rate" if "mtbf" in given[0] else ""
         raise InputError(
             f"{flag} does not reach the scenario's [[failure_class]] tables ("
             + ", ".join(c.name for c in classes)
-            + "): each class sets its own; edit them in the file"
+            + f"): each class sets its own{what}; edit them in the file"
         )
 
 

@@ -14,6 +14,7 @@ An interval here is compute time between saves (τ); each save stalls training f
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from typing import Any
@@ -43,7 +44,14 @@ and set the classic estimates (Young 1974, Daly 2006) and the usual defaults (ev
 hourly, every 3 h, every 500 or 1000 steps) beside it: waste, expected wall time for --work-h
 hours of compute, and money lost per day at --usd-per-gpu-hour. The formulas assume
 exponential (memoryless) failures; for Weibull or measured failure models, check the answer
-with `ckptsim simulate`."""
+with `ckptsim simulate`.
+
+A scenario with [[tier]] and [[failure_class]] tables (llama3-tiers) gets every tier's
+interval at once: the first-order plan (Benoit et al. 2017; the exact single-tier optimum
+when one tier serves every class) with its waste and dollars, the best single tier beside it
+and what each assumes; --simulate searches every tier's interval on the simulator, and its
+optimum is then the recommendation (the top-level JSON keys; the closed form stays under
+"closed_form")."""
 
 EPILOG = """\
 examples:
@@ -52,8 +60,18 @@ examples:
   ckptsim optimize --gpus 1024 --gpu-mtbf-h 50000 --checkpoint-s 90 --restart-s 900 \\
       --work-h 720 --usd-per-gpu-hour 2.5 --step-s 4.2
   ckptsim optimize --scenario opt175b --checkpoint-s 60 --json
+  ckptsim optimize --scenario llama3-tiers
+      two tiers (host memory + peer, persistent storage) against six failure classes:
+        tier                  save every    failures it restores (per h)
+        memory                   3.5 min                          0.3187
+        persistent                2.68 h                         0.00463
+      then the waste and dollars of the tiers and of one tier, and the recommendation
+  ckptsim optimize --scenario llama3-tiers --simulate --replicas 100
+      every tier's interval by simulation, with 95% CIs: the recommendation
 
 Intervals are compute time between saves; every save stalls training for --checkpoint-s.
+With [[tier]] tables each tier sets its own save (checkpoint_s, async with staging_s,
+restore_s, retention) in the file: the save flags do not reach them and are refused.
 Presets: llama3, llama3-mix (its interruptions by cause), llama3-tiers (the mix with a
 memory tier), opt175b, bloom176b, titan, titan-record (simulator/presets/*.toml, with their
 sources)."""
@@ -79,7 +97,8 @@ def register(subparsers) -> None:
         "measured checkpoint cost",
         "Take δ (and the restore time, added to R) from a `ckptsim bench --out` profile, "
         "extrapolated to --params parameters sharded over the job's nodes, through the "
-        "--storage-bytes-per-s cap if one is given.",
+        "--storage-bytes-per-s cap if one is given (with [[tier]] tables: the cap of the "
+        "profiled tier, --profile-tier, else its storage_bytes_per_s).",
     )
     measured.add_argument("--profile", metavar="FILE", help="cost profile JSON from ckptsim bench")
     measured.add_argument(
@@ -140,6 +159,8 @@ def apply_profile(args: argparse.Namespace, scenario):
     cap = scenario.storage_bytes_per_s
     if tier is not None and tier.storage_bytes_per_s is not None:
         cap = tier.storage_bytes_per_s
+    if getattr(args, "profile_cap", None) is not None:  # --storage-bytes-per-s for the tier
+        cap = args.profile_cap
     predicted = CostProfile.load(args.profile).predict(
         params=args.params, nodes=nodes, format=args.format, aggregate_bytes_per_s=cap
     )
@@ -208,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
 
     _only_with_simulate(args)
     default = uses_default_preset(args)
+    args.profile_cap = _profiled_tiers_cap(args)
     scenario = scenario_from_args(args)
     require_failure_rate(scenario)
     if default:
@@ -284,6 +306,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profiled_tiers_cap(args: argparse.Namespace) -> float | None:
+    """--storage-bytes-per-s beside --profile and a file with [[tier]] tables: the storage cap
+    the profiled tier's measured cost is extrapolated through (what the profile's warnings ask
+    for), taken off the flags, which otherwise do not reach a file's tiers; None otherwise."""
+    if not (getattr(args, "profile", None) and args.storage_bytes_per_s is not None):
+        return None
+    if not args.scenario:
+        return None
+    from simulator.model.scenario import load_scenario
+
+    tiers = load_scenario(args.scenario).tiers
+    if not tiers or tiers[0].implicit:
+        return None  # the scenario's own save: the flag reaches it as ever
+    cap, args.storage_bytes_per_s = args.storage_bytes_per_s, None
+    return cap
+
+
 def _profiled_tier(args: argparse.Namespace, scenario):
     """The tier ``--profile`` measured: ``--profile-tier``, else the one scheduled tier that
     survives every failure class (the persistent one, which a benchmark of a disk measures)."""
@@ -313,10 +352,10 @@ def _profiled_tier(args: argparse.Namespace, scenario):
 
 
 def _run_tiers(args: argparse.Namespace, scenario) -> int:
-    """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside."""
+    """A scenario with [[tier]] tables: every tier's interval, and the best single tier beside
+    (``simulator.tier_recommend``); with --simulate the simulated optimum is the answer."""
     from simulator.cli.common import print_json
-    from simulator.model.tier_plan import recommend_tiers
-    from simulator.model.tiers import final_tiers
+    from simulator.tier_recommend import adopt_simulated, recommend_tiers
 
     if args.step_s is not None:
         raise InputError(
@@ -330,38 +369,56 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     if args.simulate:
-        result["simulated"] = _simulate_tiers(args, scenario)
+        result = adopt_simulated(result, _simulate_tiers(args, scenario), scenario)
     if args.json:
         print_json(result)
-        return 0
+    else:
+        print("\n".join(_render_tiers(result, scenario, measured)))
+    return 0
+
+
+def _every(name: str, interval_s: float, final: set[str]) -> str:
+    """A tier's interval for a person: a duration, or when it is infinite, whether the job's
+    final save still goes there ("final save only") or nothing ever does ("never")."""
+    if math.isfinite(interval_s):
+        return format_duration(interval_s)
+    return "final save only" if name in final else "never"
+
+
+def _render_tiers(result: dict[str, Any], scenario, measured) -> list[str]:
+    """The human table: the closed form's tiers and single tier with what each assumes, the
+    simulated optimum with --simulate, and the recommendation."""
+    import re
+
+    from simulator.model.tiers import final_tiers
+    from simulator.tier_recommend import STRATEGY_HINT
+
+    closed = result["closed_form"]
     classes = len(scenario.failure_classes) or 1
+    final = {t.name for t in final_tiers(scenario.tiers)}
     lines = [
         f"ckptsim optimize: {scenario.name} ({len(scenario.tiers)} "
         f"tier{'s' if len(scenario.tiers) != 1 else ''}, "
-        f"{classes} failure class{'es' if classes != 1 else ''}), {result['method']}",
+        f"{classes} failure class{'es' if classes != 1 else ''})",
+        *textwrap.wrap(f"closed form: {closed['method']}", 96, subsequent_indent="  "),
         "",
-        f"{'tier':<16}{'save every':>12}{'failures it restores (per h)':>32}",
+        f"{'tier':<16}{'save every':>16}{'failures it restores (per h)':>32}",
     ]
-    final = {t.name for t in final_tiers(scenario.tiers)}
-    for name, interval_s in result["tier_intervals_s"].items():
-        every = (
-            format_duration(interval_s) if interval_s != float("inf")
-            else "final save only" if name in final else "never"
-        )  # fmt: skip
+    for name, interval_s in closed["tier_intervals_s"].items():
         rate = result["tier_failure_rates_per_h"][name]
-        lines.append(f"{name:<16}{every:>12}{rate:>32.4g}")
+        lines.append(f"{name:<16}{_every(name, interval_s, final):>16}{rate:>32.4g}")
     for name, rate in result["jit_failure_rates_per_h"].items():
-        lines.append(f"{name:<16}{'on failure':>12}{rate:>32.4g}   (just in time)")
+        lines.append(f"{name:<16}{'on failure':>16}{rate:>32.4g}   (just in time)")
     for name, rate in result["every_step_failure_rates_per_h"].items():
-        lines.append(f"{name:<16}{'every step':>12}{rate:>32.4g}")
-    money = "usd_lost_per_day" in result
-    tiered = f"waste {format_percent(result['optimal_waste_fraction'])}"
-    single = f"waste {format_percent(result['single_tier_waste_fraction'])}"
-    if money:
-        tiered += f", {format_usd(result['usd_lost_per_day'])}/day lost"
-        single += f", {format_usd(result['single_tier_usd_lost_per_day'])}/day lost"
-    import re
-    import textwrap
+        lines.append(f"{name:<16}{'every step':>16}{rate:>32.4g}")
+
+    def cost(waste: str, lost: str, storage: str) -> str:
+        text = f"waste {format_percent(closed[waste])}"
+        if lost in closed:
+            text += f", {format_usd(closed[lost])}/day lost"
+        if closed[storage] is not None:
+            text += f", {format_usd(closed[storage])}/day storage"
+        return text
 
     def assumes(parts: list[str]) -> list[str]:
         # A number and its unit stay on one line (a no-break space while wrapping).
@@ -371,26 +428,20 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
 
     lines += [
         "",
-        f"tiers as above: {tiered}",
+        "tiers as above: "
+        + cost("optimal_waste_fraction", "usd_lost_per_day", "storage_usd_per_day"),
         *assumes(result["assumes"]["tiers"]),
         f"one tier ({result['single_tier']} every "
-        f"{format_duration(result['single_tier_interval_s'])}): {single}",
+        f"{format_duration(closed['single_tier_interval_s'])}): "
+        + cost(
+            "single_tier_waste_fraction",
+            "single_tier_usd_lost_per_day",
+            "single_tier_storage_usd_per_day",
+        ),
         *assumes([result["assumes"]["single_tier"]]),
     ]
-    better = result["optimal_waste_fraction"] < result["single_tier_waste_fraction"]
-    if len(scenario.tiers) == 1:
-        advice = (
-            f"save to {result['single_tier']} every "
-            f"{format_duration(result['single_tier_interval_s'])} (first order)."
-        )
-    elif better:
-        advice = "the tiers as above."
-    else:
-        advice = (
-            f"one tier ({result['single_tier']}); the cheaper tiers do not pay for their "
-            "saves at these rates (first order)."
-        )
-    lines.append("Recommendation: " + advice)
+    if not any(t.jit or t.every_step for t in scenario.tiers):
+        lines += textwrap.wrap(STRATEGY_HINT, 96)
     if measured:
         lines += textwrap.wrap(
             f"measured cost of {measured['tier']} ({measured['format']} in "
@@ -401,17 +452,17 @@ def _run_tiers(args: argparse.Namespace, scenario) -> int:
             96,
         )
     if result["final_save_s"]:
-        job = result["job_waste_fraction"]
+        job = closed["job_waste_fraction"]
         text = (
             f"The waste and dollars are rates; the job's final save ({result['final_save_s']:.3g}"
             " s) is paid once"
             + (f": over this job's work the tiers waste {format_percent(job)}." if job else ".")
         )
         lines += textwrap.wrap(text, 96)
-    if args.simulate:
-        lines += ["", *_render_simulated_tiers(result["simulated"], final)]
-    print("\n".join(lines))
-    return 0
+    if "simulated" in result:
+        lines += ["", *_render_simulated_tiers(result["simulated"], final, scenario)]
+    lines += ["", *textwrap.wrap(result["recommendation"], 96, subsequent_indent="  ")]
+    return lines
 
 
 def _simulate_tiers(args: argparse.Namespace, scenario) -> dict[str, Any]:
@@ -433,12 +484,11 @@ def _simulate_tiers(args: argparse.Namespace, scenario) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def _render_simulated_tiers(sim: dict[str, Any], final: set[str]) -> list[str]:
-    """The simulated optimum's lines: each tier with its interval's CI, then the waste and
-    dollars of the tiers, of the first-order plan and of the best single tier, measured on
+def _render_simulated_tiers(sim: dict[str, Any], final: set[str], scenario) -> list[str]:
+    """The simulated optimum's lines: each tier with its interval's CI (and the tiers saved
+    just in time or every step, which every schedule runs as they are), then the waste and
+    dollars of the tiers, of the closed-form plan and of the best single tier, measured on
     fresh seeds, and what the tiers save against the single tier."""
-
-    import math
 
     def span(lo: float, hi: float) -> str:
         return f"{format_duration(lo)} to {format_duration(hi)}"
@@ -454,15 +504,16 @@ def _render_simulated_tiers(sim: dict[str, Any], final: set[str]) -> list[str]:
         return text
 
     lines = [
-        f"Simulated optimum ({sim['method']}; {sim['evaluations']} schedules):",
-        f"{'tier':<16}{'save every':>12}   95% CI",
+        *textwrap.wrap(f"Simulated optimum ({sim['method']}; {sim['evaluations']} schedules):", 96),
+        f"{'tier':<16}{'save every':>16}   95% CI",
     ]
     for name, value in sim["tier_intervals_s"].items():
-        if name in sim["tier_intervals_ci95_s"]:
-            every, ci = format_duration(value), span(*sim["tier_intervals_ci95_s"][name])
-        else:
-            every, ci = ("final save only" if name in final else "never"), ""
-        lines.append(f"{name:<16}{every:>12}   {ci}")
+        ci = sim["tier_intervals_ci95_s"].get(name)
+        lines.append(f"{name:<16}{_every(name, value, final):>16}   {span(*ci) if ci else ''}")
+    for t in scenario.tiers:
+        if t.jit or t.every_step:
+            every = "on failure" if t.jit else "every step"
+            lines.append(f"{t.name:<16}{every:>16}   (as set: in every schedule)".rstrip())
     single = sim["single_tier"]
     saved, by_first = sim["waste_saved_vs_single_tier"], sim["waste_saved_vs_first_order"]
     if math.isfinite(sim["single_tier_interval_s"]):
@@ -474,8 +525,8 @@ def _render_simulated_tiers(sim: dict[str, Any], final: set[str]) -> list[str]:
         alone = "final save only"
     lines += [
         f"tiers as above: {cost(sim)}",
-        f"first-order plan, simulated: {cost(sim['first_order'])}",
-        f"one tier ({single} {alone}): {cost(sim['single_tier_simulated'])}",
+        f"closed-form plan, simulated: {cost(sim['first_order'])}",
+        *textwrap.wrap(f"one tier ({single} {alone}): {cost(sim['single_tier_simulated'])}", 96),
     ]
     against = (
         f"{100 * by_first['mean']:+.2f} points (95% CI {100 * by_first['lo']:+.2f} to "
@@ -483,14 +534,15 @@ def _render_simulated_tiers(sim: dict[str, Any], final: set[str]) -> list[str]:
     )
     if by_first["hi"] < 0:
         lines.append(
-            f"The first-order plan wasted less than the search's answer on the fresh replicas, "
-            f"{against}: the search is noisy at this --replicas; trust the first-order plan."
+            f"The closed-form plan wasted less than the search's answer on the fresh replicas, "
+            f"{against}: the search is noisy at this --replicas; the recommendation keeps the "
+            "closed-form intervals."
         )
     elif by_first["lo"] > 0:
-        lines.append(f"The search's answer wastes less than the first-order plan: {against}.")
+        lines.append(f"The search's answer wastes less than the closed-form plan: {against}.")
     else:
         lines.append(
-            f"What the search's answer saves over the first-order plan: {against}; a "
+            f"What the search's answer saves over the closed-form plan: {against}; a "
             "difference is not shown."
         )
     if sim.get("at_edge"):

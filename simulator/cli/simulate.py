@@ -51,6 +51,12 @@ examples:
       replay a real failure log (timestamps, or numbers with --unit) instead of a model; with
       no failure rate given the policy plans with the log's own MTBF (give --mtbf-h or
       --gpu-mtbf-h to see what planning for another rate costs on these failures)
+  ckptsim simulate --scenario llama3-tiers --tier-interval-s memory=600 \\
+      --tier-interval-s persistent=3600 --replicas 50
+      a tier schedule by hand (a tier not named takes optimize's closed form; inf: no saves
+      on a schedule); the header names each interval and where it came from, and the table
+      adds failures, lost work and recovery per class, saves and restores per tier:
+        failures gpu ... lost by gpu (h) ... saves memory ... restores persistent
   ckptsim simulate --scenario llama3-tiers --trace log.csv --cause-column cause \\
       --cause-class "GPU HBM3"=gpu --cause-class "Network switch"=network ...
       replay a log against failure classes and tiers: each failure restores from the tier
@@ -103,8 +109,10 @@ def register(subparsers) -> None:
         action="append",
         default=[],
         metavar="NAME=S",
-        help="with [[tier]] tables: save tier NAME every S seconds of compute (repeatable; a "
-        "tier not named keeps its interval_s, else the first-order optimum's)",
+        help="with [[tier]] tables: save tier NAME every S seconds of compute (repeatable; "
+        "inf: no saves on a schedule, only the job's final save if its copy is one the job "
+        "ends with; a tier not named keeps its interval_s, else the closed form that ckptsim "
+        "optimize gives; the header and --json's tier_intervals_s say which ran)",
     )
     which.add_argument(
         "--interval-s",
@@ -295,12 +303,14 @@ def _cause_map(pairs: list[str]) -> dict[str, str]:
 
 
 def _tier_schedule(args: argparse.Namespace, scenario):
-    """The tier schedule of a tiered scenario (None without [[tier]] tables)."""
+    """The tier schedule of a tiered scenario and where each tier's interval came from
+    (``--tier-interval-s``, the tier's ``interval_s``, the closed form ``ckptsim optimize``
+    gives, or a single-tier policy); (None, {}) without [[tier]] tables."""
     if not scenario.tiers:
         if args.tier_interval_s:
             raise InputError("--tier-interval-s needs a scenario with [[tier]] tables")
-        return None
-    from simulator.model.tier_plan import first_order_plan
+        return None, {}
+    from simulator.model.tier_plan import closed_form_plan
     from simulator.model.tiers import TierSchedule, scheduled
 
     implicit = scenario.tiers[0].implicit  # failure classes, and the scenario's own save
@@ -308,7 +318,8 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         # One tier: a fixed interval, or what a closed-form policy gives at the classes'
         # total rate; a policy that adapts as it goes is not modelled with failure classes.
         if args.interval_s is not None:
-            return TierSchedule.for_scenario(scenario, {"persistent": args.interval_s})
+            schedule = TierSchedule.for_scenario(scenario, {"persistent": args.interval_s})
+            return dataclasses.replace(schedule, name="fixed"), {"persistent": "--interval-s"}
         if args.policy in ("adaptive", "controller"):
             raise InputError(
                 f"--policy {args.policy} is not modelled with [[failure_class]] tables yet; "
@@ -318,15 +329,35 @@ def _tier_schedule(args: argparse.Namespace, scenario):
 
         ctx = PolicyContext.from_scenario(scenario, whole_job=True)
         seconds = float(make_policy(args.policy).next_interval_s(ctx))
-        return TierSchedule.for_scenario(scenario, {"persistent": seconds})
+        schedule = TierSchedule.for_scenario(scenario, {"persistent": seconds})
+        origin = f"--policy {args.policy}"  # at the classes' total rate
+        return dataclasses.replace(schedule, name=args.policy), {"persistent": origin}
     if args.policy or args.interval_s:
         raise InputError(
             "with [[tier]] tables give each tier's interval as --tier-interval-s NAME=SECONDS, "
             "not --policy or --interval-s"
         )
+    given = _tier_intervals(args.tier_interval_s)
+    origins = dict.fromkeys(given, "--tier-interval-s")
+    for t in scheduled(scenario.tiers):
+        if t.name not in given and t.interval_s is not None:
+            origins[t.name] = "interval_s"
+    unset = [
+        t.name for t in scheduled(scenario.tiers) if t.interval_s is None and t.name not in given
+    ]
+    if unset:  # the closed form (``ckptsim optimize``'s) for the tiers the user left open
+        plan = closed_form_plan(scenario)["tier_intervals_s"]
+        given.update({name: plan[name] for name in unset})
+        origins.update(dict.fromkeys(unset, "closed form"))  # ckptsim optimize's
+    schedule = TierSchedule.for_scenario(scenario, given)
+    return schedule, {n: origins[n] for n in schedule.intervals_s}
 
-    given = {}
-    for text in args.tier_interval_s:
+
+def _tier_intervals(flags: list[str]) -> dict[str, float]:
+    """--tier-interval-s NAME=SECONDS flags as a dict; ``inf`` takes a tier off the schedule
+    (only the job's final save goes there, if its copy is one the job ends with)."""
+    given: dict[str, float] = {}
+    for text in flags:
         name, sep, value = text.partition("=")
         try:
             seconds = float(value)
@@ -334,21 +365,29 @@ def _tier_schedule(args: argparse.Namespace, scenario):
             seconds = math.nan
         if not sep or not name or math.isnan(seconds):
             raise InputError(f"--tier-interval-s {text!r}: give NAME=SECONDS, e.g. memory=600")
-        if not (math.isfinite(seconds) and seconds > 0):
+        if not seconds > 0:
             raise InputError(
-                f"--tier-interval-s {text!r}: the interval must be a positive, finite number "
-                f"of compute seconds between saves to {name}, got {value}"
+                f"--tier-interval-s {text!r}: the interval must be a positive number of compute "
+                f"seconds between saves to {name} (or inf: no saves on a schedule), got {value}"
             )
         if name in given:
             raise InputError(f"--tier-interval-s {name} is given twice; give it once")
         given[name] = seconds
-    unset = [
-        t.name for t in scheduled(scenario.tiers) if t.interval_s is None and t.name not in given
-    ]
-    if unset:  # the first-order optimum for the tiers the user left open
-        plan = first_order_plan(scenario)["tier_intervals_s"]
-        given.update({name: plan[name] for name in unset})
-    return TierSchedule.for_scenario(scenario, given)
+    return given
+
+
+def tier_plan_text(summary: dict) -> str:
+    """Each tier's interval as it ran, and where it came from, for the run's header."""
+    from simulator.cli.optimize import _every
+
+    final = set(summary.get("final_tiers", []))
+    origins = summary.get("tier_intervals_from", {})
+    parts = []
+    for name, value in summary["tier_intervals_s"].items():
+        every = _every(name, math.inf if value is None else value, final)
+        every = every if every in ("final save only", "never") else f"every {every}"
+        parts.append(f"{name} {every}" + (f" ({origins[name]})" if name in origins else ""))
+    return "; ".join(parts)
 
 
 def _note_trace_end(summary: dict, result, failure_times, seed) -> None:
@@ -422,9 +461,8 @@ def run(args: argparse.Namespace) -> int:
             f"{DEFAULT_PRESET} ({scenario.gpus:,} GPUs); see --help to describe your own job",
             file=sys.stderr,
         )
-    policy = _tier_schedule(args, scenario) or make_policy(
-        args.policy or "optimal", interval_s=args.interval_s
-    )
+    schedule, origins = _tier_schedule(args, scenario)
+    policy = schedule or make_policy(args.policy or "optimal", interval_s=args.interval_s)
     if args.prior_mtbf_h is not None:
         if args.policy != "controller":
             raise InputError("--prior-mtbf-h needs --policy controller")
@@ -454,6 +492,20 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = result.summary()
     summary["interval_s"] = args.interval_s
+    if schedule is not None:  # which intervals ran, and where each came from
+        from simulator.model.tiers import final_tiers
+
+        summary["tier_intervals_s"] = dict(schedule.intervals_s)
+        summary["tier_intervals_from"] = origins
+        summary["final_tiers"] = [t.name for t in final_tiers(scenario.tiers)]
+        for name, value in schedule.intervals_s.items():
+            if math.isinf(value) and origins.get(name) == "--tier-interval-s":
+                what = (
+                    "is saved only at the job's final save"
+                    if name in summary["final_tiers"]
+                    else "is never saved (the job ends on a copy that outlives it)"
+                )
+                print(f"note: --tier-interval-s {name}=inf: {name} {what}", file=sys.stderr)
     for key, value in (("prior_mtbf_h", args.prior_mtbf_h), ("step_s", args.step_s)):
         if value is not None:  # the controller's settings, so saved results tell runs apart
             summary[key] = value
@@ -500,6 +552,8 @@ def _part_label(column: str) -> str:
 def render(s: dict) -> str:
     """The human table and a one-line verdict."""
     policy = f"every {format_duration(s['interval_s'])}" if s.get("interval_s") else s["policy"]
+    if s.get("tier_intervals_s"):
+        policy += f" [{tier_plan_text(s)}]"
     if s.get("prior_mtbf_h") is not None:
         policy += f", prior MTBF {s['prior_mtbf_h']:g} h"
     if s.get("step_s") is not None:

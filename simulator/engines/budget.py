@@ -20,7 +20,10 @@ in every worker (~``DES_BYTES_PER_COMPONENT`` bytes each) and a record per repli
 
 Time. Events turn into core time at the throughput measured for each engine
 (``EVENTS_PER_S``: ~2.5e4 events/s in the discrete-event engine, ~2e6 in the fast one), plus a
-fixed cost per replica or per call (``OVERHEAD_S``).
+fixed cost per replica or per call (``OVERHEAD_S``). A tiered run (:func:`tier_estimate`) has
+its own measured rates: failures and saves at ``TIER_EVENTS_PER_S`` and each component's first
+lifetime at ``COMPONENT_S`` (drawn vectorised, not one event each), checked against measured
+runs by ``experiments/bench_tier_budget.py``.
 
 Limits: ``DEFAULT_MAX_CORE_HOURS`` of estimated core time, half of the memory available when
 the run starts, and no job whose expected wall time is ``MAX_WALL_FACTOR`` times its work or
@@ -200,15 +203,26 @@ def _tier_intervals(scenario: Scenario, schedule) -> dict[str, float]:
     return out
 
 
+TIER_EVENTS_PER_S = 1.5e5
+"""Throughput of the tiered DES on one core, in the events :func:`tier_estimate` counts (a
+replica's failures and saves): 2e5 to 4e5/s measured (``experiments/bench_tier_budget.py``, 2
+shared cores), taken lower to stay on the safe side."""
+COMPONENT_S = 1e-7
+"""Seconds to draw one component's first lifetime and heap it at a replica's start (6e-8 to
+2e-7 s measured, vectorised: ``experiments/bench_tier_budget.py``), on the safe side."""
+
+
 def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, workers: int = 1):
     """The cost of running each tier schedule (``model.tiers.TierSchedule``) on ``replicas``
-    replicas of a tiered scenario: as :func:`estimate`, a replica's failures and saves over its
-    expected wall time. That wall time is the work over one minus the first-order waste at the
-    schedule's own intervals (``model.tiers.waste_at``: each tier's stalls, each failure
-    class's lost work, recovery and restore, the rule the first-order plan follows). Failures
-    count every one (a burst's follow-ups too); an every-step tier's snapshots are no events
-    (its stall is booked with the compute)."""
-    from simulator.model.tier_plan import waste_at
+    replicas of a tiered scenario: a replica's failures and saves over its expected wall time
+    at ``TIER_EVENTS_PER_S``, plus its components' first lifetimes at ``COMPONENT_S`` each
+    and ``OVERHEAD_S`` a replica. The wall time is the work times
+    ``model.tier_plan.wall_per_work`` at the schedule's own intervals (each tier's stalls,
+    waiting for a write that outlasts its interval, per compute second; each failure class's
+    lost work, recovery and restore per wall second), capped at ``MAX_WALL_FACTOR`` times the
+    work. Failures count every one (a burst's follow-ups too); an every-step tier's snapshots
+    are no events (its stall is booked with the compute)."""
+    from simulator.model.tier_plan import wall_per_work
 
     writers = scenario.writer_nodes or scenario.nodes or 1
     work = float(scenario.work_s or 0.0)
@@ -220,19 +234,19 @@ def tier_estimate(scenario: Scenario, schedules: Sequence, replicas: int, *, wor
     else:
         components = _components(scenario, "des")
     walls, events = [], 0.0
+    cap = MAX_WALL_FACTOR * work
     for schedule in schedules:
         iv = _tier_intervals(scenario, schedule)
-        waste = waste_at(scenario, iv)
-        cap = MAX_WALL_FACTOR * work
-        wall = work / (1.0 - waste) if waste < 1.0 else math.inf
+        wall = work * wall_per_work(scenario, iv)
         wall = cap if not math.isfinite(wall) or wall > cap else max(wall, work)
         saves = sum(wall / tau for tau in iv.values() if math.isfinite(tau))
-        events += replicas * (wall * rate + saves + components + 1.0)
+        events += replicas * (wall * rate + saves + 1.0)
         walls.append(wall)
     stalls = ", ".join(f"{t.name} {t.stall_s(writers):.3g} s" for t in scenario.tiers)
+    runs = replicas * len(walls)
     return Estimate(
         events=events,
-        core_s=events / EVENTS_PER_S["des"] + replicas * len(walls) * OVERHEAD_S["des"],
+        core_s=events / TIER_EVENTS_PER_S + runs * (OVERHEAD_S["des"] + components * COMPONENT_S),
         memory_bytes=workers * DES_BYTES_PER_COMPONENT * components + replicas * RECORD_BYTES,
         engine="des",
         wall_factor=min(walls) / work if work and walls else 1.0,

@@ -373,7 +373,11 @@ class CostProfile:
         self, format: str, nodes: int, shard: float, storage: float | None
     ) -> tuple[float, list[str]]:
         """All nodes' write bandwidth together, and the warnings of how far it extrapolates."""
-        fix = "--storage-bytes-per-s (your shared storage's aggregate bandwidth)"
+        fix = "give --storage-bytes-per-s (your shared storage's aggregate bandwidth)"
+        bigger = f"measure larger ckptsim bench --sizes, or {fix}"
+        if storage is not None:  # given: it bounds what the extrapolation can claim
+            fix = f"the storage cap given, {storage / 1e9:,.4g} GB/s, bounds it"
+            bigger = f"measure larger ckptsim bench --sizes ({fix})"
         warnings: list[str] = []
         # A format measured with parallel writers has its own curve; any other meets the raw
         # disk's (the same N writers with plain writes), which bounds every format on it.
@@ -395,7 +399,7 @@ class CostProfile:
             )
             warnings.append(
                 f"{nodes:,} parallel writers is {nodes / measured:,.0f}x the {measured} measured "
-                f"({how}); give {fix}"
+                f"({how}); {fix}"
                 + ("" if curve else ", and measure writers with ckptsim bench --writers 1,2,4,8")
             )
         largest = max(
@@ -410,15 +414,14 @@ class CostProfile:
         if largest and shard > EXTRAPOLATION_WARN * largest:
             warnings.append(
                 f"each writer's shard ({shard / 1e9:,.3g} GB) is {shard / largest:,.0f}x the "
-                f"largest size measured ({largest / 1e9:.3g} GB); measure larger ckptsim bench "
-                f"--sizes, or give {fix}"
+                f"largest size measured ({largest / 1e9:.3g} GB); {bigger}"
             )
         if storage is None:
             storage = DEFAULT_STORAGE_BYTES_PER_S
             if nodes > 1:
                 warnings.append(
                     f"no storage cap given: {storage / 1e12:g} TB/s aggregate assumed "
-                    f"({DEFAULT_STORAGE_SOURCE}); give {fix}"
+                    f"({DEFAULT_STORAGE_SOURCE}); {fix}"
                 )
         return min(aggregate, storage), warnings
 

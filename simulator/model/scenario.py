@@ -19,7 +19,6 @@ failure classes; without them a scenario is one tier and one class, as it always
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +27,14 @@ from typing import Any
 
 from simulator.errors import InputError
 from simulator.model.failures import Lifetime, empirical_path, parse_failure
+from simulator.model.limits import (  # noqa: F401 (re-exported: the ranges were defined here)
+    MAX_BYTES,
+    MAX_GPUS,
+    MAX_HOURS,
+    MAX_USD,
+    MIN_SECONDS,
+)
+from simulator.model.limits import check as check_range
 from simulator.model.tiers import FailureClass, Tier, parse_classes, parse_tiers, write_time_s
 
 __all__ = [
@@ -44,6 +51,19 @@ IMPLICIT_CLASS = "failure"
 """The class name a tier's ``survives`` uses for the scenario's own failures (no classes)."""
 # TOML table names -> Scenario fields (a table per tier reads better as [[tier]]).
 _TABLES = {"tier": "tiers", "failure_class": "failure_classes"}
+OWN_SAVE_FIELDS = {
+    "checkpoint_s": "checkpoint_s",
+    "async_checkpoint": "async = true",
+    "staging_s": "staging_s",
+    "write_bytes_per_s_per_node": "write_bytes_per_s_per_node",
+    "storage_bytes_per_s": "storage_bytes_per_s",
+    "read_bytes_per_s": "restore_s",
+    "checkpoints_retained": "retention",
+}
+"""The scenario's own save (field -> what each [[tier]] table sets instead): with [[tier]]
+tables each tier has its own, so these are refused beside them, never silently ignored.
+``checkpoint_bytes`` is not among them: beside tiers it is the size of one checkpoint, which
+prices the storage of the tiers that hold one (``tier_plan.storage_usd_per_day``)."""
 
 DEFAULT_STORAGE_BYTES_PER_S = 2e12
 """Aggregate bandwidth of shared checkpoint storage when none is given, bytes per second.
@@ -56,45 +76,8 @@ job's nodes would each be assumed to have a disk of their own and 16,384 GPUs wo
 DEFAULT_STORAGE_SOURCE = "Llama 3 (arXiv:2407.21783, §3.3.1): Tectonic sustains 2 TB/s"
 
 
-MAX_GPUS = 100_000_000
-"""Most GPUs (or nodes, or spares) a scenario may have: 500x the largest cluster built by 2025,
-and past it the per-GPU state of a single simulated replica alone outgrows memory."""
-MAX_HOURS = 1e15
-"""Longest duration accepted (hours, ~1e11 years). Huge MTBFs stand for "no failures", so the
-cap is generous; it keeps every product of a duration, a GPU count and a price finite."""
-MIN_SECONDS = 1e-6
-"""Shortest positive duration accepted (seconds): nothing real is quicker than a microsecond,
-and values like 1e-300 s only produce intervals of denormal seconds."""
-MAX_USD = 1e6
-"""Highest price accepted (per GPU-hour or per GB-month): keeps every cost a finite number."""
-MAX_BYTES = 1e18
-"""Largest checkpoint (an exabyte); bandwidths lie between 1 byte/s and this per second."""
-
-_UNIT_RANGE = {
-    "hours": (MIN_SECONDS / 3600.0, MAX_HOURS),
-    "seconds": (MIN_SECONDS, MAX_HOURS * 3600.0),
-    "US dollars": (0.0, MAX_USD),
-    "bytes": (1.0, MAX_BYTES),
-    "bytes per second": (1.0, MAX_BYTES),
-    "nodes": (0, MAX_GPUS),
-    "GPUs": (1, MAX_GPUS),
-    "checkpoints": (1, 1_000_000),
-}
-
-
-def _check_positive(name: str, value, unit: str, *, allow_zero: bool = False) -> None:
-    """A finite number in the unit's range (``_UNIT_RANGE``); zero too with ``allow_zero``."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{name} must be a number of {unit}, got {value!r}")
-    low, high = _UNIT_RANGE[unit]
-    bad = value < 0 if allow_zero else value <= 0
-    if not math.isfinite(value) or bad:
-        sign = "non-negative" if allow_zero else "positive"
-        raise InputError(f"{name} must be a {sign} number of {unit}, got {value!r}")
-    if value > high or (value < low and not (allow_zero and value == 0)):
-        raise InputError(f"{name} must be between {low:g} and {high:g} {unit}, got {value!r}")
+# The ranges every number lies in, one rule for the scenario, its tiers and its classes.
+_check_positive = check_range
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +180,15 @@ class Scenario:
     def _validate_tiers(self) -> None:
         # Lists from TOML become tuples, so the scenario stays hashable and frozen.
         object.__setattr__(self, "tiers", parse_tiers(self.tiers))
+        if self.tiers and not self.tiers[0].implicit:
+            given = [  # those without a default value to tell apart (from_mapping: all)
+                k
+                for k in ("staging_s", "write_bytes_per_s_per_node", "storage_bytes_per_s",
+                          "read_bytes_per_s")
+                if getattr(self, k) is not None
+            ] + (["async_checkpoint"] if self.async_checkpoint else [])  # fmt: skip
+            if given:
+                raise InputError(own_save_beside_tiers(given[0]))
         object.__setattr__(self, "failure_classes", parse_classes(self.failure_classes))
         if self.failure_classes and (
             self.gpu_mtbf_h is not None or self.mtbf_h is not None or self.node_mtbf_h is not None
@@ -437,6 +429,9 @@ class Scenario:
             raise InputError(
                 f"{source}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})"
             )
+        explicit = [k for k in OWN_SAVE_FIELDS if k in data]
+        if data.get("tier") and explicit:
+            raise InputError(f"{source}: {own_save_beside_tiers(explicit[0])}")
         data = {_TABLES.get(k, k): v for k, v in data.items()}
         try:
             return cls(**data)
@@ -469,16 +464,30 @@ class Scenario:
         }
         if self.tiers and not self.tiers[0].implicit:  # as the user wrote it: no made-up tier
             out["tier"] = [_table(t, {"asynchronous": "async"}) for t in self.tiers]
+            for k in OWN_SAVE_FIELDS:  # the tiers have their own: only defaults are left here
+                out.pop(k, None)
         if self.failure_classes:
             out["failure_class"] = [_table(c, {}) for c in self.failure_classes]
         return out
+
+
+def own_save_beside_tiers(field: str) -> str:
+    """Why a scenario-level save field is refused beside [[tier]] tables, in one line."""
+    return (
+        f"{field} describes the scenario's own save, which its [[tier]] tables replace: each "
+        f"tier sets its own ({OWN_SAVE_FIELDS[field]} in its [[tier]] table); drop {field}"
+    )
 
 
 def _paths_from(data: dict[str, Any], folder: Path) -> None:
     """A file's ``empirical:PATH`` specs name PATH relative to the file's folder, as a person
     writing it next to the log expects, not to wherever ckptsim runs (absolute paths as given).
     """
-    tables = [data, *(t for t in data.get("failure_class", []) if isinstance(t, dict))]
+    classes = data.get("failure_class", [])
+    if isinstance(classes, dict):
+        classes = [classes]
+    listed = classes if isinstance(classes, list) else []  # anything else: refused as a value
+    tables = [data, *(t for t in listed if isinstance(t, dict))]
     for table in tables:
         for key in ("failure", "repair", "detection"):
             spec = table.get(key)

@@ -3,15 +3,27 @@
 First order for k tiers (Benoit, Cavelan, Le Fèvre, Robert, Sun, IEEE TC 2017; Di, Robert,
 Vivien, Cappello, TPDS 2017; ``analytic.tier_first_order``): tier ℓ saved every √(2Cℓ/λℓ),
 λℓ the rate of the failures ℓ serves (``model.tiers.served_by``), waste Σℓ √(2 λℓ Cℓ) plus
-each failure's recovery and restore. ``first_order_plan`` is that optimum, ``waste_at`` the
-same model at any intervals (the budget's), ``single_tier_plan`` the best single tier beside
-it, and ``recommend_tiers`` what ``ckptsim optimize`` prints, each strategy with what it
-assumes. The simulated optimum, which assumes none of this, is ``simulator.tier_search``.
+each failure's recovery and restore; an asynchronous tier is saved no more often than its
+background write lasts (``after_writes``: the live controller's rule). ``first_order_plan``
+is that optimum, ``waste_at`` the same model at any intervals (the budget's). The single-tier
+answer beside it (``single_tier_plan``) is today's single-tier machinery,
+``simulator.recommend``'s exact optimum and Daly's expected wall time, at the classes'
+combined rate and their rate-weighted recovery (``OneTierJob``); when one tier serves every
+class the tiers' answer is that one too, so a scenario written as tiers gives exactly what
+the same job gives without them. ``recommend_tiers`` is what ``ckptsim optimize`` prints,
+each strategy with what it assumes, and ``adopt_simulated`` lays the simulated optimum
+(``simulator.tier_search``, which assumes none of the first-order approximations) over it:
+with ``--simulate`` that is the recommendation.
+
+The first-order terms are rates that leave out second-order ones of relative size about
+Σ_c λ_c·(recovery_c + τ_c), the failures expected within one recovery and one interval
+(``first_order_strain``); past ``ROUGH_STRAIN`` the plan says so and points at ``--simulate``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import InputError
@@ -19,6 +31,7 @@ from simulator.model.tiers import (
     Tier,
     failure_cost_s,
     final_save_s,
+    final_tiers,
     save_writers,
     scheduled,
     served_by,
@@ -26,14 +39,31 @@ from simulator.model.tiers import (
 )
 
 __all__ = [
+    "ROUGH_STRAIN",
+    "OneTierJob",
+    "after_writes",
     "class_terms",
+    "closed_form_plan",
     "first_order_plan",
+    "first_order_strain",
     "job_waste_fraction",
-    "recommend_tiers",
+    "priced",
+    "serves_every_class",
     "single_tier_plan",
+    "storage_usd_per_day",
+    "stored_bytes",
+    "wall_per_work",
     "waste_at",
-    "what_it_assumes",
 ]
+
+ROUGH_STRAIN = 0.05
+"""Above this Σ_c λ_c·(recovery_c + τ_c) (``first_order_strain``) the first-order waste is
+called rough. The first-order forms take at most one failure per interval and recovery and
+drop the terms of the next order; on the ``llama3-tiers`` mix the first-order waste runs high
+by about 0.6 to 0.7 times this sum, relative (``reports/tiers.md``, "Where the first order holds":
+the DES at the plan's own intervals from 1,024 to 100,000 GPUs; 7 % at 16,384 GPUs, where the
+sum is 0.097). At 0.05 that is ~3 %, about the 95 % CI half-width of a 100-replica simulation
+at 16,384 GPUs: past it the bias is one a routine ``--simulate`` resolves."""
 
 
 def first_order_plan(scenario) -> dict[str, Any]:
@@ -51,8 +81,10 @@ def first_order_plan(scenario) -> dict[str, Any]:
     ``waste_fraction`` is the steady rate (what dollars per day use); the job's final save,
     paid once per job, is ``final_save_s`` apart from it (``job_waste_fraction`` adds it).
     Returns ``tier_intervals_s`` (tier name -> seconds; ``inf``: only the final save goes
-    there), ``rates_per_s`` (λℓ per tier; a burst counts once), ``waste_fraction`` and
-    ``final_save_s``.
+    there), ``rates_per_s`` (λℓ per tier; a burst counts once), ``waste_fraction``,
+    ``final_save_s`` and ``raised_to_write_s`` (``after_writes``: the asynchronous tiers whose
+    first-order interval was shorter than their write, and now is the write; the waste is then
+    ``waste_at`` those intervals).
     """
     from simulator import analytic  # scipy: only when a closed form is asked for
 
@@ -60,6 +92,9 @@ def first_order_plan(scenario) -> dict[str, Any]:
         raise InputError("the tier closed form needs [[tier]] tables in the scenario")
     writers = save_writers(scenario)
     costs = {t.name: t.stall_s(writers) for t in scheduled(scenario.tiers)}
+    for name, cost in costs.items():  # the tiers' fields are in range: a guard, naming it
+        if not (math.isfinite(cost) and cost > 0):
+            raise InputError(f"tier {name!r}: its save stalls {cost!r} s; give a positive time")
     rates = dict.fromkeys(costs, 0.0)
     restart_cost = 0.0
     for name, rate, recovery_s in class_terms(scenario):
@@ -76,12 +111,39 @@ def first_order_plan(scenario) -> dict[str, Any]:
         rates[tier.name] += rate
         restart_cost += rate * failure_cost_s(kind, tier, recovery_s, writers)
     tau, waste = analytic.tier_first_order(list(costs.values()), list(rates.values()), restart_cost)
+    intervals = {n: float(x) for n, x in zip(costs, tau, strict=True)}
+    raised = after_writes(scenario, intervals)
+    if raised:  # the same model, at the intervals the writes allow
+        intervals.update({n: write for n, (_, write) in raised.items()})
+        waste = waste_at(scenario, intervals)
+    else:
+        waste += step_overhead(scenario.tiers)
     return {
-        "tier_intervals_s": {n: float(x) for n, x in zip(costs, tau, strict=True)},
+        "tier_intervals_s": intervals,
         "rates_per_s": rates,
-        "waste_fraction": waste + step_overhead(scenario.tiers),
+        "waste_fraction": waste,
         "final_save_s": final_save_s(scenario.tiers, writers),
+        "raised_to_write_s": raised,
     }
+
+
+def after_writes(scenario, intervals_s: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """The asynchronous tiers whose background write outlasts their interval: tier name ->
+    (the interval, the write), seconds. Such a tier is saved every write instead: a save may
+    not start before the previous one's write has landed, the rule the live controller applies
+    (``controller.schedule.after_the_write``; the DES makes the save wait instead, stalling
+    training)."""
+    from simulator.controller.schedule import after_the_write  # torch-free: the rule itself
+
+    writers = save_writers(scenario)
+    out = {}
+    for t in scheduled(scenario.tiers):
+        if not t.asynchronous or t.name not in intervals_s:
+            continue
+        interval, write = intervals_s[t.name], t.write_s(writers)
+        if after_the_write(interval, write) > interval:
+            out[t.name] = (float(interval), float(write))
+    return out
 
 
 def job_waste_fraction(scenario, waste_fraction: float, final_s: float) -> float | None:
@@ -100,27 +162,63 @@ def waste_at(scenario, intervals_s: dict[str, float]) -> float:
     scheduled tiers that survive it (half the work when none is saved on a schedule, half a
     step when an every-step tier serves it, nothing when a just-in-time tier does) and paying
     its recovery and restore (``failure_cost_s``)."""
+    waste = _stalls(scenario, intervals_s)
+    waste += sum(rate * (lost + cost) for rate, lost, cost in _charges(scenario, intervals_s))
+    return float(waste)
+
+
+def _stalls(scenario, intervals_s: dict[str, float]) -> float:
+    """Stall seconds per compute second: each tier's save over its interval, an asynchronous
+    save waiting as well for the rest of the previous write when that outlasts the interval
+    (as the DES does), and every step's stall."""
+    writers = save_writers(scenario)
+    total = step_overhead(scenario.tiers)
+    for t in scheduled(scenario.tiers):
+        tau = intervals_s[t.name]
+        if math.isfinite(tau):
+            wait = max(0.0, t.write_s(writers) - tau) if t.asynchronous else 0.0
+            total += (t.stall_s(writers) + wait) / tau
+    return float(total)
+
+
+def wall_per_work(scenario, intervals_s: dict[str, float]) -> float:
+    """Expected wall seconds per second of work at these intervals, (1 + S) / (1 − F): the
+    stalls S grow with the compute (``_stalls``), the failures' lost work and recovery F
+    (``_charges``) take their share of the wall time; inf when F reaches 1. Unlike the
+    first-order sum S + F it stays finite where the stalls alone outgrow the compute (a save
+    every 2 s that stalls 2 s: twice the work, not "no headway"). The budget's wall time."""
+    lost = sum(rate * (lost + cost) for rate, lost, cost in _charges(scenario, intervals_s))
+    return (1.0 + _stalls(scenario, intervals_s)) / (1.0 - lost) if lost < 1.0 else math.inf
+
+
+def _charges(scenario, intervals_s: dict[str, float]):
+    """(rate, expected lost work, recovery cost) of each class, seconds, at these intervals:
+    the work since the newest copy it survives (half the shortest interval among the scheduled
+    tiers that survive it; half the work when none is saved on a schedule; nothing for a
+    just-in-time tier) and its recovery and restore (``failure_cost_s``; half a step with an
+    every-step tier)."""
     writers = save_writers(scenario)
     work = float(scenario.work_s or 0.0)
-    tiers = scheduled(scenario.tiers)
-    waste = sum(
-        t.stall_s(writers) / intervals_s[t.name]
-        for t in tiers
-        if math.isfinite(intervals_s[t.name])
-    )
-    waste += step_overhead(scenario.tiers)
     for name, rate, recovery_s in class_terms(scenario):
         kind, by = served_by(scenario.tiers, name)
         if kind != "scheduled":
-            waste += rate * failure_cost_s(kind, by, recovery_s, writers)
+            yield rate, 0.0, failure_cost_s(kind, by, recovery_s, writers)
             continue
         saved = [(intervals_s[t.name], t) for t in by if math.isfinite(intervals_s[t.name])]
         if saved:
             tau, tier = min(saved, key=lambda x: x[0])
-            waste += rate * (tau / 2.0 + failure_cost_s(kind, tier, recovery_s, writers))
+            yield rate, tau / 2.0, failure_cost_s(kind, tier, recovery_s, writers)
         else:
-            waste += rate * (work / 2.0 + recovery_s)
-    return float(waste)
+            yield rate, work / 2.0, recovery_s
+
+
+def first_order_strain(scenario, intervals_s: dict[str, float]) -> float:
+    """Σ_c λ_c·(recovery_c + τ_c): the failures expected within one recovery and one interval
+    of the tier each class rolls back to (``_charges``). The first-order forms take it to be
+    small (at most one failure per period, none in a recovery); the terms they drop are of
+    about this size relative to the waste (``ROUGH_STRAIN``)."""
+    charges = _charges(scenario, intervals_s)
+    return float(sum(rate * (2.0 * lost + cost) for rate, lost, cost in charges))
 
 
 def class_terms(scenario):
@@ -150,129 +248,175 @@ def class_terms(scenario):
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class OneTierJob:
+    """A tiered scenario saving to one tier only, as the single-tier closed forms
+    (``simulator.recommend.recommend``) read a plain scenario: the classes' combined rate (a
+    burst counting once, ``class_terms``) as the job's MTBF, their rate-weighted recovery
+    (detection, restart, warm-up and burst span, plus the tier's restore) as R, the tier's
+    stall as δ with its background write behind it, and its retained copies as the storage.
+    Every class rolls back to the tier, so this is exactly a plain job with that failure rate
+    and recovery: the two give the same answer to the last bit."""
+
+    source: Any
+    """The tiered scenario (its dict is what the answer says it was for)."""
+    tier: str
+    system_mtbf_s: float
+    save_stall_s: float
+    background_write_s: float
+    recovery_s: float
+    failure: str
+    """``exponential``, or the first class's family that is not (the closed forms warn)."""
+    work_h: float | None
+    gpus: int | None
+    usd_per_gpu_hour: float | None
+    checkpoint_bytes: float | None
+    checkpoints_retained: int
+    usd_per_gb_month: float | None
+
+    @classmethod
+    def of(cls, scenario, tier: Tier) -> OneTierJob:
+        writers = save_writers(scenario)
+        terms = class_terms(scenario)
+        rate = sum(r for _, r, _ in terms)
+        # Weights of exactly 1.0 for a single class, so its recovery is not rounded.
+        recovery = sum((r / rate) * (rec + tier.restore_s) for _, r, rec in terms)
+        families = [c.failure for c in scenario.failure_classes]
+        odd = [f for f in families if not f.strip().lower().startswith("exponential")]
+        return cls(
+            source=scenario,
+            tier=tier.name,
+            system_mtbf_s=1.0 / rate,
+            save_stall_s=tier.stall_s(writers),
+            background_write_s=tier.write_s(writers) if tier.asynchronous else 0.0,
+            recovery_s=float(recovery),
+            failure=odd[0] if odd else (scenario.failure if not families else "exponential"),
+            work_h=scenario.work_h,
+            gpus=scenario.gpus,
+            usd_per_gpu_hour=scenario.usd_per_gpu_hour,
+            checkpoint_bytes=stored_bytes(scenario, tier),
+            checkpoints_retained=tier.retention,
+            usd_per_gb_month=scenario.usd_per_gb_month if priced(scenario, tier) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.source.to_dict()
+
+
+def serves_every_class(scenario, plan: dict[str, Any]) -> str | None:
+    """The one scheduled tier every failure class rolls back to in the first-order ``plan``
+    (each class's cheapest surviving tier is that one, none is served just in time or every
+    step, and no tier stalls every step), or None. Then the tiers are one tier, and the
+    single-tier answer (``single_tier_plan``) is theirs."""
+    if step_overhead(scenario.tiers) or len(scheduled(scenario.tiers)) < len(scenario.tiers):
+        return None
+    used = [n for n, r in plan["rates_per_s"].items() if r > 0]
+    return used[0] if len(used) == 1 else None
+
+
+def closed_form_plan(scenario) -> dict[str, Any]:
+    """The tiers' closed-form answer: the first-order plan (``first_order_plan``), or, when
+    one tier serves every class (``serves_every_class``), the single-tier answer
+    (``single_tier_plan``), which is then exactly today's single-tier optimum. Returns
+    ``tier_intervals_s``, ``waste_fraction``, ``method`` (None for first order), ``alone``
+    (that one tier, or None) and the two plans it chose between (``first_order``,
+    ``single``). The simulated search starts from it, and checks it."""
+    plan = first_order_plan(scenario)
+    single = single_tier_plan(scenario)
+    alone = serves_every_class(scenario, plan)
+    if alone is not None and alone == single["tier"]:
+        intervals = {n: math.inf for n in plan["tier_intervals_s"]} | {alone: single["interval_s"]}
+        waste = single["waste_fraction"]
+        method = f"{single['method']}: every failure class rolls back to {alone}, one tier"
+    else:
+        alone, method = None, None
+        intervals, waste = plan["tier_intervals_s"], plan["waste_fraction"]
+    return {
+        "tier_intervals_s": intervals,
+        "waste_fraction": waste,
+        "method": method,
+        "alone": alone,
+        "first_order": plan,
+        "single": single,
+    }
+
+
 def single_tier_plan(scenario) -> dict[str, Any]:
     """The best single-tier answer beside the tiered one: every save to the cheapest tier that
-    survives every class (the persistent one), at the first-order optimum for all failures."""
+    survives every class (the persistent one), at today's single-tier optimum for all the
+    failures (``OneTierJob``: ``recommend``'s exact optimum of Daly's expected wall time), no
+    shorter than its background write when asynchronous (``after_writes``' rule, and then
+    Daly's waste at that interval)."""
     from simulator import analytic
+    from simulator.recommend import recommend
 
     writers = save_writers(scenario)
-    terms = class_terms(scenario)
-    names = {name for name, _, _ in terms}
+    names = {name for name, _, _ in class_terms(scenario)}
     surviving = [t for t in scheduled(scenario.tiers) if names <= set(t.survives)]
     if not surviving:
         raise InputError("no tier survives every failure class: add one (the persistent tier)")
     tier = min(surviving, key=lambda t: t.stall_s(writers))
-    rate = sum(r for _, r, _ in terms)
-    restart_cost = sum(r * (recovery_s + tier.restore_s) for _, r, recovery_s in terms)
-    tau, waste = analytic.tier_first_order([tier.stall_s(writers)], [rate], restart_cost)
+    job = OneTierJob.of(scenario, tier)
+    rec = recommend(job)
+    interval, waste = rec["optimal_interval_s"], rec["optimal_waste_fraction"]
+    raised = after_writes(scenario, {tier.name: interval}).get(tier.name)
+    if raised is not None:
+        interval = raised[1]
+        waste = float(
+            analytic.waste_fraction(interval, job.save_stall_s, job.system_mtbf_s, job.recovery_s)
+        )
     return {
         "tier": tier.name,
-        "interval_s": float(tau[0]),
-        "waste_fraction": waste,
+        "interval_s": float(interval),
+        "waste_fraction": float(waste),
         "final_save_s": final_save_s([tier], writers),
+        "raised_to_write_s": raised,
+        "method": "exact single-tier optimum (Daly 2006, Lambert W) at the classes' total rate",
     }
 
 
-def _rates_per_h(scenario, kind: str) -> dict[str, float]:
-    """Failures per hour (a burst counting once) of each tier of ``kind`` (``jit`` or
-    ``step``, ``served_by``): the classes it serves."""
-    pick = (lambda t: t.jit) if kind == "jit" else (lambda t: t.every_step)
-    out = {t.name: 0.0 for t in scenario.tiers if pick(t)}
-    for name, rate, _ in class_terms(scenario):
-        how, by = served_by(scenario.tiers, name)
-        if how == kind:
-            out[by.name] += rate * 3600.0
-    return out
+def priced(scenario, tier: Tier) -> bool:
+    """Whether a tier's copies are on the storage the scenario's ``usd_per_gb_month`` prices:
+    those of a tier that survives every failure class (persistent storage, outside the job's
+    nodes). A copy some class destroys lives in the job's own memory or disks: no bill."""
+    names = {name for name, _, _ in class_terms(scenario)}
+    return not (tier.jit or tier.every_step) and names <= set(tier.survives)
 
 
-def what_it_assumes(scenario, tier: Tier) -> str:
-    """What a plan that saves to ``tier`` takes for granted, for a person: which failures a
-    copy there survives (so which hardware must hold it: host memory, a peer, shared
-    storage), and what a save and a restore cost."""
-    from simulator.model.scenario import IMPLICIT_CLASS
-
-    writers = save_writers(scenario)
-    classes = sorted(c.name for c in scenario.failure_classes) or [IMPLICIT_CLASS]
-    survived = [c for c in classes if c in tier.survives]
-    lost = [c for c in classes if c not in tier.survives]
-    if tier.jit:
-        return (
-            f"{tier.name}: healthy replicas still hold the whole state after a "
-            f"{', '.join(survived)} failure and save it in {tier.checkpoint_s or 0.0:g} s "
-            f"(restore {tier.restore_s:.3g} s)"
-        )
-    cost = f"{tier.stall_s(writers):.3g} s stall per save, restore {tier.restore_s:.3g} s"
-    if tier.every_step:
-        cost = (
-            f"a snapshot after every {tier.step_s:g} s step, {tier.step_stall_s:.3g} s stall "
-            f"each, restore {tier.restore_s:.3g} s; a failure loses the step under way"
-        )
-    if not lost:
-        return f"{tier.name}: a copy every failure class leaves intact ({cost})"
-    return (
-        f"{tier.name}: a copy that outlives {', '.join(survived)} failures but not "
-        f"{', '.join(lost)} ({cost})"
-    )
+def stored_bytes(scenario, tier: Tier) -> float | None:
+    """Bytes one copy in ``tier`` holds: its own checkpoint_bytes, else the scenario's (beside
+    [[tier]] tables, the size of one checkpoint); None when neither is given."""
+    return tier.checkpoint_bytes if tier.checkpoint_bytes is not None else scenario.checkpoint_bytes
 
 
-def recommend_tiers(scenario) -> dict[str, Any]:
-    """Every tier's interval (first order) and its waste and money, with the best single-tier
-    answer beside it: the dict ``ckptsim optimize --json`` prints for a tiered scenario."""
+def storage_usd_per_day(scenario, intervals_s: dict[str, float]) -> float | None:
+    """US dollars a day to keep the priced tiers' retained copies (``priced``: each such tier's
+    ``retention`` copies of ``stored_bytes``) for a schedule: a tier saved on it, or at the
+    final save, holds copies; one never saved holds none. None without a price or a size."""
     from simulator.model import money
 
-    plan = first_order_plan(scenario)
-    single = single_tier_plan(scenario)
-    if plan["waste_fraction"] >= 1.0:
-        raise InputError(
-            f"this job would make no headway: even at the tiers' first-order intervals, saves, "
-            f"lost work and restarts would take {plan['waste_fraction']:.3g}x the wall time "
-            "(at most 1); make saves or restarts cheaper, or failures rarer"
-        )
-    out: dict[str, Any] = {
-        "scenario": scenario.to_dict(),
-        "method": "first-order multi-tier optimum (Benoit et al., IEEE TC 2017)",
-        "tier_intervals_s": plan["tier_intervals_s"],
-        "tier_failure_rates_per_h": {k: v * 3600.0 for k, v in plan["rates_per_s"].items()},
-        "jit_failure_rates_per_h": _rates_per_h(scenario, "jit"),
-        "every_step_failure_rates_per_h": _rates_per_h(scenario, "step"),
-        "optimal_waste_fraction": plan["waste_fraction"],
-        "final_save_s": plan["final_save_s"],
-        "job_waste_fraction": job_waste_fraction(
-            scenario, plan["waste_fraction"], plan["final_save_s"]
-        ),
-        "single_tier": single["tier"],
-        "single_tier_interval_s": single["interval_s"],
-        "single_tier_waste_fraction": single["waste_fraction"],
-        "single_tier_job_waste_fraction": job_waste_fraction(
-            scenario, single["waste_fraction"], single["final_save_s"]
-        ),
-        "assumes": {
-            "tiers": [what_it_assumes(scenario, t) for t in scenario.tiers],
-            "single_tier": what_it_assumes(
-                scenario, next(t for t in scenario.tiers if t.name == single["tier"])
-            ),
-        },
-        "warnings": [
-            f"failure class {c.name!r} is {c.failure}: the first-order plan assumes exponential "
-            "failures; --simulate finds the intervals for the family itself"
-            for c in scenario.failure_classes
-            if not c.failure.strip().lower().startswith("exponential")
-        ]
-        + [
-            f"failure class {c.name!r} comes in bursts: the first-order plan counts a burst as "
-            f"one failure whose recovery runs from its first failure to the end of the "
-            f"recovery from its last (+{c.burst_span_s:.3g} s on average), assuming no save "
-            "falls inside its window; --simulate runs the bursts themselves"
-            for c in scenario.failure_classes
-            if c.burst_followups
-        ],
-    }
-    if scenario.gpus is not None and scenario.usd_per_gpu_hour is not None:
-        per_day = {
-            key: float(money.usd_lost_per_day(scenario.gpus, scenario.usd_per_gpu_hour, w))
-            for key, w in (("tiers", plan["waste_fraction"]), ("single", single["waste_fraction"]))
-        }
-        out["usd_lost_per_day"] = per_day["tiers"]
-        out["single_tier_usd_lost_per_day"] = per_day["single"]
-        out["usd_saved_per_day"] = per_day["single"] - per_day["tiers"]
-    return out
+    if scenario.usd_per_gb_month is None:
+        return None
+    final = {t.name for t in final_tiers(scenario.tiers)}
+    total, known = 0.0, False
+    for t in scheduled(scenario.tiers):
+        held = math.isfinite(intervals_s.get(t.name, math.inf)) or t.name in final
+        size = stored_bytes(scenario, t)
+        if not (held and priced(scenario, t)) or size is None:
+            continue
+        total += float(money.storage_usd_per_day(size, t.retention, scenario.usd_per_gb_month))
+        known = True
+    return total if known else None
+
+
+_ADVICE = frozenset({"recommend_tiers", "what_it_assumes", "adopt_simulated"})
+
+
+def __getattr__(name: str):
+    # What ``ckptsim optimize`` prints lives in ``simulator.tier_recommend`` (it uses the
+    # single-tier comparison, ``simulator.recommend``); its old home still gives it.
+    if name in _ADVICE:
+        from simulator import tier_recommend
+
+        return getattr(tier_recommend, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

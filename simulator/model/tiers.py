@@ -27,6 +27,7 @@ from typing import Any
 
 from simulator.errors import InputError
 from simulator.model.failures import Lifetime, parse_failure
+from simulator.model.limits import check as check_range
 
 __all__ = [
     "FailureClass",
@@ -54,17 +55,42 @@ MAX_FOLLOWUPS = 1000.0
 
 
 def _number(owner: str, name: str, value, unit: str, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if not ok or (value < 0 if allow_zero else value <= 0):
-        sign = "non-negative" if allow_zero else "positive"
-        raise InputError(f"{owner}: {name} must be a {sign} number of {unit}, got {value!r}")
+    """A finite number in its unit's range, the scenario's own rule (``limits.check``)."""
+    try:
+        check_range(name, value, unit, allow_zero=allow_zero)
+    except InputError as exc:
+        raise InputError(f"{owner}: {exc}") from None
+
+
+SUMMARY_STATS = ("mean", "std", "ci95", "p50", "p90", "p99")
+"""The statistics a run's summary gives each record column (``engines.results.describe``), as
+``<column>_<stat>`` keys."""
+RESERVED_CLASS_NAMES = frozenset({"in_recovery"})
+"""Class names whose per-class column is already a column of every record
+(``failures_in_recovery``, ``engines.results.METRICS``)."""
 
 
 def _name(kind: str, value) -> str:
+    """A tier's or class's name: a label the record's columns (``failures_<class>``,
+    ``saves_<tier>``), their summary keys (``<column>_mean``) and the flags that take
+    ``NAME=VALUE`` (``--tier-interval-s``, ``--cause-class``) can all tell apart."""
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"every [[{kind}]] needs a non-empty name, got {value!r}")
+    if "=" in value:
+        raise InputError(
+            f"[[{kind}]] {value!r}: a name may not hold '=' (flags name it as NAME=VALUE)"
+        )
+    stat = next((s for s in SUMMARY_STATS if value == s or value.endswith("_" + s)), None)
+    if stat is not None:
+        raise InputError(
+            f"[[{kind}]] {value!r}: a name may not be or end in '_{stat}' (a run's summary adds "
+            f"_{stat} to each column, so two keys would clash); rename it"
+        )
+    if kind == "failure_class" and value in RESERVED_CLASS_NAMES:
+        raise InputError(
+            f"[[failure_class]] {value!r}: failures_{value} is already a column of every run's "
+            "record; rename the class"
+        )
     return value
 
 
@@ -229,8 +255,9 @@ class Tier:
 
     name: str
     """A label (``--tier-interval-s NAME=SECONDS`` names it)."""
-    survives: frozenset[str] = field(default_factory=frozenset)
-    """Names of the failure classes a copy in this tier survives."""
+    survives: frozenset[str]
+    """Names of the failure classes a copy in this tier survives (TOML: a list, required;
+    ``[]`` for a tier no failure leaves intact, which then takes only the final save or none)."""
     checkpoint_s: float | None = None
     """Training stall of a synchronous save to this tier, seconds (or give checkpoint_bytes)."""
     checkpoint_bytes: float | None = None
@@ -304,6 +331,21 @@ class Tier:
             )
         if self.asynchronous and self.staging_s is None:
             raise InputError(f"{owner}: async needs staging_s (the training stall of a save)")
+        if self.staging_s is not None and not self.asynchronous and not self.every_step:
+            raise InputError(
+                f"{owner}: staging_s is the stall of an asynchronous save: add async = true, "
+                "or drop staging_s (a synchronous save stalls for its whole write)"
+            )
+        bandwidths = [
+            k
+            for k in ("write_bytes_per_s_per_node", "storage_bytes_per_s")
+            if getattr(self, k) is not None
+        ]
+        if self.checkpoint_s is not None and bandwidths:
+            raise InputError(
+                f"{owner}: give the write time either as checkpoint_s or as checkpoint_bytes "
+                f"over a bandwidth, not both ({bandwidths[0]} with checkpoint_s)"
+            )
         if isinstance(self.retention, bool) or not isinstance(self.retention, int):
             raise InputError(f"{owner}: retention must be a whole number, got {self.retention!r}")
         _number(owner, "retention", self.retention, "checkpoints")
@@ -414,6 +456,9 @@ def _tables(kind: str, items) -> list[dict[str, Any]]:
 
 
 def _build(cls, kind: str, table: dict[str, Any], renames: dict[str, str]):
+    if "name" not in table:
+        fields = ", ".join(sorted(table)) or "no fields"
+        raise InputError(f"every [[{kind}]] needs a name (a [[{kind}]] with {fields} has none)")
     data = {renames.get(k, k): v for k, v in table.items()}
     known = {name for name, f in cls.__dataclass_fields__.items() if f.init}  # not implicit
     unknown = sorted(set(data) - known)
@@ -444,7 +489,12 @@ def parse_tiers(items) -> tuple[Tier, ...]:
     for t in [*items] if isinstance(items, tuple) else _tables("tier", items):
         if not isinstance(t, Tier):
             t = dict(t)
-            survives = t.get("survives", [])
+            if "survives" not in t:
+                raise InputError(
+                    f"tier {t.get('name', '?')!r}: give survives, the failure classes its copy "
+                    "outlives (a list, [] for none); without it no failure could restore from it"
+                )
+            survives = t["survives"]
             if isinstance(survives, str):
                 survives = [survives]
             if not isinstance(survives, list | tuple | set | frozenset):

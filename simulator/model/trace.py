@@ -205,7 +205,8 @@ def classes_of(causes, classes, mapping: dict[str, str] | None = None) -> np.nda
     if unmapped:
         shown = ", ".join(repr(c) for c in unmapped[:5]) + (" ..." if len(unmapped) > 5 else "")
         raise InputError(
-            f"{len(unmapped)} cause{'s' if len(unmapped) > 1 else ''} in the trace map to no "
+            f"{len(unmapped)} cause{'s' if len(unmapped) > 1 else ''} in the trace "
+            f"map{'' if len(unmapped) > 1 else 's'} to no "
             f"failure class ({shown}): map each with --cause-class CAUSE=CLASS (classes: "
             f"{', '.join(names)})"
         )
