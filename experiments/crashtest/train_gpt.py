@@ -20,8 +20,9 @@ Policy SPEC (JSON): ``{"kind": "fixed", "interval_s": 4.0}``, ``{"kind": "steps"
 ``{"kind": "steps-tiers", "local_every": 100, "persistent_every": 1000}`` or
 ``{"kind": "adaptive-tiers"}`` (``policy=None``: the model's tier plan, learned live, from the
 prior ``--prior-json``). ``--grace-s`` is the checkpointer's ``preemption_grace_s``;
-``--persistent-bytes-per-s`` slows the persistent tier (``slowstore``). A preemption ends the
-process with status 75 after logging ``preempted``.
+``--persistent-bytes-per-s`` slows the persistent tier (``slowstore``). With a grace period
+the checkpointer stops on a preemption (``on_preemption="stop"``) so that the job logs
+``preempted`` the moment the save is committed, then closes and exits with status 75.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def main(argv=None) -> int:
         tiered = dict(local_dir=args.local_dir, preemption_grace_s=args.grace_s)
     elif args.grace_s is not None:
         tiered = dict(preemption_grace_s=args.grace_s)
+    if args.grace_s is not None:
+        tiered["on_preemption"] = "stop"
     scenario = tier_prior(args)
     directory = args.run_dir / "ckpt"
     storage = None
@@ -175,12 +178,7 @@ def main(argv=None) -> int:
     )
     step = ckpt.restore()
     log("ready", step=step, tier=ckpt.stats.get("restored_tier"))
-    try:
-        step, loss = _train(args, ckpt, model, optimizer, scheduler, data, step, every_steps, log)
-    except SystemExit as exc:
-        if exc.code == 75:  # PREEMPTED_EXIT_CODE: the preemption save is committed
-            log("preempted", step=ckpt._last_step, tier=_preempted_tier(ckpt))
-        raise
+    step, loss = _train(args, ckpt, model, optimizer, scheduler, data, step, every_steps, log)
     final = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     for i, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
@@ -209,6 +207,14 @@ def _saved(ckpt) -> dict:
     return {"tiers": stalls, "interval_steps": steps}
 
 
+def _stop_if_preempted(ckpt, step: int, log) -> None:
+    """After a preemption's save (committed by now): log it, close, exit with status 75."""
+    if ckpt.preempted:
+        log("preempted", step=step, tier=_preempted_tier(ckpt))
+        ckpt.close(finished=False)
+        raise SystemExit(75)  # PREEMPTED_EXIT_CODE
+
+
 def _train(args, ckpt, model, optimizer, scheduler, data, step, every_steps, log):
     def batch(i: int):
 
@@ -235,6 +241,7 @@ def _train(args, ckpt, model, optimizer, scheduler, data, step, every_steps, log
                 saved_at = step
             else:
                 ckpt.step(step)
+                _stop_if_preempted(ckpt, step, log)
         elif every_steps is not None:
             if step % every_steps == 0:
                 log("save_start", step=step)
@@ -243,11 +250,13 @@ def _train(args, ckpt, model, optimizer, scheduler, data, step, every_steps, log
                 saved_at = step
             else:
                 ckpt.step(step)
+                _stop_if_preempted(ckpt, step, log)
         else:
             due = step >= ckpt.next_due_step
             if due:
                 log("save_start", step=step)
             if ckpt.step(step):
+                _stop_if_preempted(ckpt, step, log)
                 log("save_end", step=step, **_saved(ckpt))
                 saved_at = step
             elif due:
