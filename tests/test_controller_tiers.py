@@ -124,6 +124,14 @@ def test_each_tier_is_saved_at_its_own_interval_and_keeps_its_own_retention(tmp_
     assert ck.stats["tier_interval_steps"] == {"local": 20, "persistent": 60}
     ck.close()  # the final state goes to the persistent tier
     assert steps_in(tmp_path)[-1] == 200
+    # `ckptsim plot controller` draws each tier's intervals apart.
+    from simulator import plots
+
+    df = plots.read_run_log(tmp_path)
+    assert set(df[df.tier == "local"].interval_s) == {2.0}
+    assert set(df[df.tier == "persistent"].interval_s) == {6.0}
+    labels = [line.get_label() for line in plots.controller_intervals(tmp_path).get_lines()]
+    assert "controller's interval (local tier)" in labels
 
 
 def test_the_adaptive_plan_is_the_models_first_order_plan_at_the_measured_costs(
@@ -482,3 +490,20 @@ def test_sigkilled_runs_resume_bit_exactly_from_the_local_tier_and_after_a_node_
     assert digest == straight
     starts = [e for e in read_events(tmp_path / "b" / RUNLOG) if e["event"] == "start"]
     assert [e["local_found"] for e in starts] == [False, False]  # the node was lost
+
+
+def test_an_object_store_persistent_tier_with_a_local_tier_in_memory(local_root):
+    import uuid
+
+    url = f"memory://ckptsim-{uuid.uuid4().hex[:8]}/run"
+    _crash_after(url, local_root, 150)  # local at 145, persistent (uploaded) at 125
+    ck, step, model, _ = _relaunch(url, local_root)
+    assert step == 145 and ck.stats["restored_tier"] == "local"
+    assert same_weights(model, weights_at(145))
+    ck.close()
+    shutil.rmtree(run_dir(local_root))  # the node is lost
+    ck, step, model, said = _relaunch(url, local_root)
+    # close() after the restore put the restored local step in the persistent tier too.
+    assert step == 145 and ck.stats["restored_tier"] == "persistent"
+    assert any("held nothing of this run" in m for m in said)
+    ck.close()
