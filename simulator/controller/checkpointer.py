@@ -8,6 +8,9 @@ time, from the measured save stall and iteration time and the failure-rate poste
 so no collective runs on the other steps (with preemption handlers, also at a check point
 about every 5 s of training; every broadcast carries rank 0's preemption flag).
 
+With ``local_dir`` a second, host-local tier is saved at its own interval and restored from
+when it holds the newest intact state (:mod:`simulator.controller.tiered`).
+
 The life cycle: ``close()`` saves the tail (the last step seen, if newer than the last save)
 and records ``finished`` in the run log; a relaunch of a finished run restores that step and
 says so (:attr:`AdaptiveCheckpointer.finished`). A preemption signal (SIGTERM by default) only
@@ -153,7 +156,18 @@ class AdaptiveCheckpointer(TierMixin):
     handlers are installed only from the main thread, call a previous Python handler too,
     and are put back at close. On several ranks the save happens at the first check point
     (about every 5 s of training, a step every rank knows) after rank 0 got the signal, so every
-    rank saves at the same step without a collective on each step.
+    rank saves at the same step without a collective on each step. A write in flight is
+    finished first. ``preemption_grace_s`` (the scheduler's seconds between its signal and the
+    kill) sends that save to the local tier when the measured persistent save would not fit in
+    what is left of it (:mod:`simulator.controller.tiered`).
+
+    Local tier. ``local_dir`` (``/dev/shm/<job>`` or local NVMe) keeps complete checkpoints of
+    this run in ``<local_dir>/<run id>/`` too, made and checked by the same code, kept
+    ``local_keep_last`` deep (1; 2 with ``async_save``); ``restore()`` takes the newest intact
+    copy across both tiers and says which (:mod:`simulator.controller.local_tier`). ``policy``
+    is then None (each tier's interval from the model's first-order tier plan at the measured
+    costs and per-class failure rates: :mod:`simulator.controller.tier_schedule`) or a
+    :class:`simulator.model.tiers.TierSchedule` of both tiers' intervals. Local backend only.
 
     ``allow_fresh_start``: when the directory holds checkpoints but none is intact, restore
     from step 0 with a warning instead of raising :class:`NoIntactCheckpoint`.

@@ -8,6 +8,10 @@ controller`` draws), a ``preempted`` when a preemption signal made it save and e
 ``finished`` (with the step) when the run closed as complete, a ``stop`` when it closes cleanly
 and a ``crashed`` when the training loop raised. A launch the checkpointer refused (another
 configuration, no intact checkpoint, a pickle) records ``refused`` instead of ``restore``.
+With a local tier (:mod:`simulator.controller.local_tier`) a ``start`` also records the run's
+id and ``local_found`` (whether this run's local tier was there), a ``save`` its ``tier``, a
+``restore`` the tier it used, and a ``preempted`` the tier, the grace period and the seconds
+from the signal to the commit.
 
 A ``train`` marks a session's first training step. A session that trained (a ``train`` or a
 ``save``), was followed by another start and wrote neither ``stop`` nor ``preempted`` ended in a
@@ -21,7 +25,9 @@ written before ``train`` existed, whose ``start`` lacks ``records_train``, count
 or a ``crashed`` as training, as they did.)
 
 :func:`failure_evidence` turns the log into (failures, exposure seconds), the observation that
-updates :class:`simulator.controller.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
+updates :class:`simulator.controller.estimate.FailureRatePosterior` (Gamma–Poisson);
+:func:`failures_by_class` splits the failures into process failures and node losses by the
+next session's ``local_found``. Lines torn by a
 crash in mid-append are skipped. The log is never written through a symlink or into a file
 with other hard links (:func:`open_regular`): either would write into another directory.
 
