@@ -192,3 +192,21 @@ def test_without_a_local_tier_a_save_too_long_for_the_grace_is_made_anyway_and_s
     assert read_events(tmp_path / RUNLOG)[-1]["tier"] == "persistent"
     assert (tmp_path / checkpoint_name(41)).is_dir()
     ck.close(finished=False)
+
+
+def test_before_any_persistent_save_is_timed_the_preemption_save_goes_to_the_local_tier(
+    tmp_path, local_root, caplog
+):
+    clock = Clock()
+    ck, model, opt = _tiered(tmp_path, local_root, clock, 2.0, preemption_grace_s=1.0)
+    ck.restore()
+    _train_to(ck, model, opt, clock, 0, 12)  # the probe ended at 5; no persistent save yet
+    assert ck.stats["save_stall_s"] is None
+    train(model, opt, 13)
+    sigterm_self()
+    with caplog.at_level("WARNING", logger="simulator.controller"):
+        assert ck.step(13) is True
+    assert "no persistent save has been timed yet" in caplog.text
+    assert read_events(tmp_path / RUNLOG)[-1]["tier"] == "local"
+    assert ck.stats["local_last_saved_step"] == 13
+    ck.close(finished=False)

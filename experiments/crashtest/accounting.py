@@ -25,6 +25,7 @@ was gone (a hang's timeout, a preemption's save and exit) and from then until tr
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ class RunAccount:
     tiers at one step is split in the ratio of the checkpointer's own timings."""
     interval_steps: dict = field(default_factory=dict)
     """Tier -> the interval (steps) the checkpointer had chosen at each save."""
+    launch_step_s: tuple[float, ...] = ()
+    """The median seconds per step of each launch that trained at least 20 steps: how much
+    the machine's speed moved within the run (the simulator runs at one speed)."""
 
     @property
     def step_s(self) -> float:
@@ -134,6 +138,7 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
     classes, gone, after, commits = [], [], [], []
     tier_saves: dict[str, list] = {}
     intervals: dict[str, list] = {}
+    launch_steps = []
     done_t = None
     prev_kill = None
     prev_exit = None
@@ -143,6 +148,7 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
         done = next((e for e in evs if e["event"] == "done"), None)
         preempted = next((e for e in evs if e["event"] == "preempted"), None)
         end = done["t"] if done else a.get("fail", a.get("kill"))
+        launch_steps.extend(_median_step_s(evs))
         if prev_exit is not None:
             trained = ready is not None and (done is not None or ready["t"] < end)
             after.append(ready["t"] - prev_exit if trained else None)
@@ -234,7 +240,15 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
         preempt_commit_s=tuple(commits),
         tier_saves_s={t: tuple(v) for t, v in tier_saves.items()},
         interval_steps={t: tuple(v) for t, v in intervals.items()},
+        launch_step_s=tuple(launch_steps),
     )
+
+
+def _median_step_s(events: list[dict]) -> list[float]:
+    """[the median time between consecutive steps of one launch] (none under 20 steps)."""
+    steps = [e for e in events if e["event"] == "step"]
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(steps) if b["step"] == a["step"] + 1]
+    return [float(np.median(gaps))] if len(gaps) >= 20 else []
 
 
 def _split_by_tier(event: dict, seconds: float, tier_saves: dict, intervals: dict) -> None:

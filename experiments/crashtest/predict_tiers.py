@@ -13,12 +13,18 @@ The machine is described to ``simulator.engines.des_tiers`` as a ``Scenario`` wi
 
 A preemption whose save commits within the grace period loses no work: it is the model's
 just-in-time save (a ``jit`` tier surviving preemptions, its write the measured time from the
-SIGTERM to the process gone, paid in the recovery). The live job's preemption save lands in a
-real tier (the local one when the persistent save does not fit the grace period), which later
-failures roll back to; :class:`PreemptionSaves` adds that to the tiered job (the model's
-``jit`` copy alone would be lost to the next failure of another class). A preemption whose
-save cannot commit in time is killed at the end of the grace period: an ordinary failure
-whose detection is the grace period.
+SIGTERM to the process gone, paid in the recovery). A preemption whose save cannot commit in
+time is killed at the end of the grace period: an ordinary failure whose detection is the
+grace period.
+
+:class:`ControllerTiers` is the tiered job as the live controller runs it, in two points where
+the controller's rule differs from ``des_tiers``': the preemption save lands in a real tier
+(the local one when the persistent save does not fit the grace period), which later failures
+roll back to (the model's ``jit`` copy alone would be lost to the next failure of another
+class); and after a restart a tier with no copy counts its next save from the job's start,
+where ``des_tiers`` counts it from the restore point — so there, process failures more
+frequent than the persistent interval would put off the first persistent save indefinitely,
+while the controller makes it at its due step.
 
 Two predictions, as in ``predict``: ``replay`` drives the model with the very failures (time
 and class) a run met; ``expected`` is the Monte-Carlo mean over the clock. Both add the
@@ -42,7 +48,7 @@ from simulator.model.tiers import FailureClass, Tier, TierSchedule
 __all__ = [
     "CLASS_ORDER",
     "LOCAL_SURVIVES",
-    "PreemptionSaves",
+    "ControllerTiers",
     "TierParams",
     "expected_wall_s",
     "replay_wall_s",
@@ -117,13 +123,13 @@ def scenario_for(p: TierParams, steps: int, tiers: bool) -> Scenario:
     )
 
 
-class PreemptionSaves(TieredClusterJob):
-    """The tiered job, with a committed preemption save kept in the tier it went to.
+class ControllerTiers(TieredClusterJob):
+    """The tiered job with the live controller's rules after a failure (module docstring).
 
-    The model's just-in-time copy outlives only the class that made it; the live job's
-    preemption save is a checkpoint in ``target`` (the local tier, or the persistent one), so
-    later failures roll back to it, and each tier's next save counts from the restore, as the
-    controller's due steps do after a restart.
+    A committed preemption save is a checkpoint in ``target`` (the local tier, or the
+    persistent one), which later failures roll back to. After any restart the local tier
+    counts from the restore point and every other tier from its newest copy, or from the
+    job's start when it has none (``TieredSchedule.restart``).
     """
 
     def __init__(self, scenario, schedule, failures, rng, *, target: str):
@@ -134,15 +140,13 @@ class PreemptionSaves(TieredClusterJob):
 
     def _on_failure(self, cause=0) -> None:
         super()._on_failure(cause)
-        if self.preempt_index is None or int(cause) != self.preempt_index:
-            return
-        if self.pending[1] is None or not self.pending[1].jit:
-            return  # not committed: an ordinary failure
         at = self.done_s
-        self.copies[self.target] = at
+        committed = self.pending[1] is not None and self.pending[1].jit
+        if self.preempt_index is not None and int(cause) == self.preempt_index and committed:
+            self.copies[self.target] = at
         for t in self.tiers:
             copy = self.copies[t.name]
-            self.mark[t.name] = at if t.name in (LOCAL, self.target) or copy is None else copy
+            self.mark[t.name] = at if t.name == LOCAL else (0.0 if copy is None else copy)
 
 
 class _Listed:
@@ -180,7 +184,7 @@ def replay_wall_s(
     scenario = scenario_for(p, steps, tiers)
     order = [c.name for c in scenario.failure_classes]
     sources = [_Listed([t for t, c in failures if c == name]) for name in order]
-    job = PreemptionSaves(
+    job = ControllerTiers(
         scenario,
         TierSchedule(dict(intervals_s)),
         MergedFailures(*sources),
@@ -206,7 +210,7 @@ def expected_wall_s(
     for ss in np.random.SeedSequence(seed).spawn(replicas):
         gpu_rng, node_rng, other_rng = replica_streams(ss)
         source = class_sources(scenario, gpu_rng, node_rng, ss)
-        job = PreemptionSaves(
+        job = ControllerTiers(
             scenario,
             TierSchedule(dict(intervals_s)),
             source,

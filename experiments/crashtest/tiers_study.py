@@ -65,8 +65,9 @@ class TiersConfig:
     restart_delay_s: float = 1.0
     hang_timeout_s: float = 3.0
     """A hang is noticed this long after it starts (a collective's timeout, scaled)."""
-    grace_s: float = 0.25
-    """Seconds between a preemption's SIGTERM and its SIGKILL."""
+    grace_s: float = 0.4
+    """Seconds between a preemption's SIGTERM and its SIGKILL: shorter than a persistent save
+    (~0.55 s), as a cloud's spot notice (30 s on GCP) is shorter than a 60 s save."""
     persistent_bytes_per_s: float = 40e6
     """The persistent tier's speed (``slowstore``): ~0.5 s for the study's 21 MB."""
     hand_set_steps: tuple[int, int] = (100, 1000)
@@ -372,6 +373,9 @@ def analyse(cfg, p0, steps, specs, results) -> dict:
                 local_saves=len(a.tier_saves_s.get("local", ())),
                 persistent_saves=len(a.tier_saves_s.get("persistent", ())),
                 intervals_s=intervals_of(policy, a, a.step_s),
+                speed_spread=(
+                    max(a.launch_step_s) / min(a.launch_step_s) if a.launch_step_s else 1.0
+                ),
             )
         )  # fmt: skip
     expected = {}

@@ -10,7 +10,8 @@ Preemption grace. With ``preemption_grace_s`` (the seconds a scheduler allows be
 signal and the kill: SLURM's ``--signal=USR1@90`` gives 90), the save a preemption signal
 triggers goes to the persistent tier when its expected time — the measured stall of a
 persistent save, plus its background write for an async save — fits in what is left of the
-grace period, and to the local tier (with a warning) when it does not. Without a local tier
+grace period, and to the local tier (with a warning) when it does not or when no persistent
+save has been timed yet (none this run, no prior from a scenario). Without a local tier
 it is saved to the persistent tier anyway, with a warning that it may not finish. The run log's
 ``preempted`` record then names the tier and the seconds from the signal to the commit.
 """
@@ -388,9 +389,22 @@ class TierMixin:
         since = 0.0 if self._signal_t is None else max(0.0, self.clock() - self._signal_t)
         left = grace - since
         expected = self._expected_persistent_s()
+        local = self.local is not None and self.local.usable
+        if expected is None and local:
+            # Not timed yet (no persistent save this run, no prior): a local save is the one
+            # sure to fit; the persistent tier gets the next scheduled save.
+            logger.warning(
+                "preemption: no persistent save has been timed yet, so none is known to fit in "
+                "the %.3g s left of the %g s grace period: saving step %d to the local tier (%s)",
+                left,
+                grace,
+                step,
+                self.local.root,
+            )
+            return LOCAL
         if expected is None or expected <= left:
             return PERSISTENT
-        if self.local is not None and self.local.usable:
+        if local:
             logger.warning(
                 "preemption: a persistent save takes about %.3g s, more than the %.3g s left of "
                 "the %g s grace period: saving step %d to the local tier (%s) instead",
