@@ -15,6 +15,7 @@ the figures from ``reports/data/<report>-runs.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import tempfile
@@ -76,6 +77,13 @@ def main(argv=None) -> int:
     argv_shown = sys.argv[1:] if argv is None else argv
     command = ("python experiments/closed_loop_tiers.py " + shlex.join(argv_shown)).strip()
     elapsed = None if args.reuse else time.monotonic() - t0
+    made = workdir / "run.json"  # how the runs were made, for a later --reuse to say
+    if not args.reuse and workdir.exists():
+        made.write_text(json.dumps({"command": command, "elapsed_s": elapsed}))
+    if args.reuse and made.exists():
+        first = json.loads(made.read_text())
+        command = f"{first['command']}` (re-accounted by `{command}"
+        elapsed = first["elapsed_s"]
     out = write_report(study, args.out, args.out.parent / "figures", command=command,
                        elapsed_s=elapsed)  # fmt: skip
     s = summarise(study)

@@ -18,7 +18,7 @@ from simulator.engines.results import goal_verdict, mean_ci
 
 __all__ = ["render_figures", "summarise", "write_report"]
 
-FIGURE_COLUMNS = ("label", "repeat", "wall_s", "own_s", "replay_s", "speed_spread")
+FIGURE_COLUMNS = ("label", "repeat", "wall_s", "adj_s", "own_s", "replay_s", "speed_spread")
 STEADY = 1.25
 """A run whose launches' median step times stayed within this ratio ran at about one speed."""
 
@@ -112,23 +112,27 @@ def plot(study: dict, s: dict, figdir: Path, stem: str) -> list[Path]:
     fig.savefig(p1, dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     x = np.arange(len(labels))
-    for r in sorted(df.repeat.unique()):
-        d = df[df.repeat == r].set_index("label").loc[labels]
-        ax.plot(x, d.wall_s, "o-", lw=0.6, ms=4, color="0.5",
-                label="one line per repeat (same failures)" if r == 0 else None)  # fmt: skip
     exp = study["expected"]
     reps = df.repeat.nunique()
-    ax.errorbar(
-        x + 0.12, [exp[k]["mean_s"] for k in labels],
-        yerr=[exp[k]["sd_s"] / np.sqrt(reps) for k in labels], fmt="s", color="C3",
-        label="simulator mean (± sd of a mean of the repeats)",
-    )  # fmt: skip
-    ax.set_xticks(x, labels, rotation=15, ha="right", fontsize=7)
-    ax.set_ylabel("wall time (s)")
-    ax.set_title("Wall time per policy, measured", fontsize=9)
-    ax.legend(fontsize=7)
+    for ax, column, title in (
+        (axes[0], "wall_s", "measured"),
+        (axes[1], "adj_s", "speed-adjusted (useful compute at the pooled step time)"),
+    ):
+        for r in sorted(df.repeat.unique()):
+            d = df[df.repeat == r].set_index("label").loc[labels]
+            ax.plot(x, d[column], "o-", lw=0.6, ms=4, color="0.5",
+                    label="one line per repeat (same failures)" if r == 0 else None)  # fmt: skip
+        ax.errorbar(
+            x + 0.12, [exp[k]["mean_s"] for k in labels],
+            yerr=[exp[k]["sd_s"] / np.sqrt(reps) for k in labels], fmt="s", color="C3",
+            label="simulator mean (± sd of a mean of the repeats)",
+        )  # fmt: skip
+        ax.set_xticks(x, labels, rotation=15, ha="right", fontsize=7)
+        ax.set_title(f"Wall time per policy: {title}", fontsize=9)
+    axes[0].set_ylabel("wall time (s)")
+    axes[0].legend(fontsize=7)
     p2 = figdir / f"{stem}-policies.png"
     fig.tight_layout()
     fig.savefig(p2, dpi=120)
