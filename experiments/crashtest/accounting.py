@@ -11,8 +11,10 @@ by line:
   process's interpreter and torch import, and the checkpoint load (a kill during a restart
   makes that whole launch recovery);
 - saving: training stalls in saves, including a save a kill cut short;
-- lost: compute after the last completed save in a launch that was then killed (the job
-  resumes from that save, so the work is done again);
+- lost: compute of the steps a later launch did not resume from (it restored an older step, so
+  they are done again) and of the step cut short by the failure: with one tier, the compute
+  after the last completed save of a launch that was killed; with a local tier that a node
+  loss wiped, also the steps of earlier launches back to the persistent checkpoint;
 - useful: the rest of the compute, which ends up in the final state.
 
 With failure classes (``supervisor``), a launch's work ends when its failure strikes (the
@@ -139,6 +141,7 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
     tier_saves: dict[str, list] = {}
     intervals: dict[str, list] = {}
     launch_steps = []
+    kept: list[tuple[int, float]] = []  # (step, its compute) of the steps not yet undone
     done_t = None
     prev_kill = None
     prev_exit = None
@@ -178,17 +181,20 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
         else:
             recovery += ready["t"] - begin
             restarts.append(ready["t"] - begin)
+        # The steps the restore went back past are done again: lost.
+        while kept and kept[-1][0] > ready["step"]:
+            lost += kept.pop()[1]
+            lost_steps += 1
         # Saves in this launch; a save_start with no save_end was cut short at `end`.
         stall = 0.0
-        committed_t, committed_step = ready["t"], ready["step"]
         open_save = None
-        after_commit_stall = 0.0
-        last_step = ready["step"]
+        t_prev = ready["t"]  # where the compute of the next step began
         for e in evs:
             if e["t"] > end:
                 break
             if e["event"] == "step":
-                last_step = e["step"]
+                kept.append((e["step"], e["t"] - t_prev))
+                t_prev = e["t"]
             elif e["event"] == "save_start":
                 open_save = e
             elif e["event"] in ("save_end", "save_skipped") and open_save is not None:
@@ -199,20 +205,19 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
                 stall += d
                 save_durations.append(d)
                 _split_by_tier(e, d, tier_saves, intervals)
-                committed_t, committed_step = e["t"], e["step"]
-                after_commit_stall = 0.0
+                t_prev = e["t"]
+        cut = 0.0
         if open_save is not None:  # cut short by the kill
-            stall += end - open_save["t"]
-            after_commit_stall = end - open_save["t"]
+            cut = end - open_save["t"]
+            stall += cut
         saving += stall
         compute += (end - ready["t"]) - stall
         if done is None:
             failures += 1
             kills.append(end)
             prev_kill = end
-            if preempted is None:  # a committed preemption save loses nothing
-                lost += (end - committed_t) - after_commit_stall
-                lost_steps += last_step - committed_step
+            if preempted is None:  # the step under way is lost (a preemption saves it)
+                lost += max(0.0, end - t_prev - cut)
         else:
             done_t = done["t"]
             break
