@@ -118,7 +118,7 @@ def plot(study: dict, s: dict, figdir: Path, stem: str) -> list[Path]:
     reps = df.repeat.nunique()
     for ax, column, title in (
         (axes[0], "wall_s", "measured"),
-        (axes[1], "adj_s", "speed-adjusted (useful compute at the pooled step time)"),
+        (axes[1], "adj_s", "speed-adjusted (useful compute at the pooled speed)"),
     ):
         for r in sorted(df.repeat.unique()):
             d = df[df.repeat == r].set_index("label").loc[labels]
@@ -130,7 +130,7 @@ def plot(study: dict, s: dict, figdir: Path, stem: str) -> list[Path]:
             label="simulator mean (± sd of a mean of the repeats)",
         )  # fmt: skip
         ax.set_xticks(x, labels, rotation=15, ha="right", fontsize=7)
-        ax.set_title(f"Wall time per policy: {title}", fontsize=9)
+        ax.set_title(f"Wall time per policy: {title}", fontsize=8)
     axes[0].set_ylabel("wall time (s)")
     axes[0].legend(fontsize=7)
     p2 = figdir / f"{stem}-policies.png"
@@ -191,7 +191,15 @@ def write_report(
     load = study.get("load")
     load_text = (
         f"The machine ({load['cpus']} CPUs) was shared with other work: 1-minute load average "
-        f"{load['start']:.1f} at the start and {load['end']:.1f} at the end."
+        f"{load['start']:.1f} at the start and {load['end']:.1f} at the end"
+        + (
+            f", {np.mean(load['samples']):.1f} on average and {max(load['samples']):.1f} at "
+            "most in between (sampled every 30 s)."
+            if load.get("samples")
+            else " (not sampled in between)."
+        )
+        + f" Per-run step times ranged {df.step_s.min() * 1e3:.1f}–{df.step_s.max() * 1e3:.1f} "
+        f"ms (the pilot's: {p0.step_s * 1e3:.1f} ms)."
         if load
         else "The machine's load during the runs was not recorded."
     )
@@ -295,7 +303,17 @@ def write_report(
         f"that stayed within {STEADY:g}x, {(steady.own_err.abs() <= 0.05).sum()} were predicted "
         f"within 5 % (largest error {steady.own_err.abs().max() * 100:.1f} %); of the "
         f"{len(unsteady)} others, {(unsteady.own_err.abs() <= 0.05).sum()} (the third figure "
-        "shows every run).",
+        "shows every run). Outside 5 %: "
+        + (
+            "; ".join(
+                f"repeat {r.repeat} {r.label} {r.own_err * 100:+.1f} % (failures "
+                f"{', '.join(r.classes)}; speed spread {r.speed_spread:.2f}x)"
+                for r in df[df.own_err.abs() > 0.05].itertuples()
+            )
+            or "none"
+        )
+        + ". A replay at one speed can also put a failure on the other side of a save than "
+        "the run met it, which matters most where that save is a rare persistent one.",
     ]
     where = {True: "inside it", False: "outside it", None: "no interval to hold it"}
     for k, c in s["vs"].items():
@@ -316,7 +334,7 @@ def write_report(
     L += [
         f"- **A SIGTERM turned into a committed checkpoint within the {cfg.grace_s:g} s grace "
         f"period** (policies with a local tier; from the SIGTERM until the job logged the "
-        f"committed save, `close()` included): {within} of {n_pre} tries, longest "
+        f"committed save): {within} of {n_pre} tries, longest "
         f"{longest:.3f} s — {v['grace']}. The single tier, whose persistent save takes "
         f"{study['pooled'][s['single']].persistent_s:.2f} s, committed {len(single_commits)} of "
         f"{int(single.preemptions.sum())} before the kill.",

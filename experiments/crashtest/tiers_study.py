@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -204,6 +205,15 @@ def run_tiers_study(cfg: TiersConfig, progress=print, *, reuse: bool = False) ->
     base = "/dev/shm" if Path("/dev/shm").is_dir() else None
     local_root = cfg.local_root or Path(tempfile.mkdtemp(prefix="ckptsim-tiers-", dir=base))
     load = [os.getloadavg()[0]]
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:  # the shared machine's load while the runs run, every 30 s
+        while not stop.wait(30.0):
+            samples.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     try:
         p0 = pilot(cfg, local_root, progress, run=not reuse)
         steps, specs, _, jobs = plan_jobs(cfg, p0, local_root)
@@ -233,12 +243,14 @@ def run_tiers_study(cfg: TiersConfig, progress=print, *, reuse: bool = False) ->
         with ThreadPoolExecutor(max_workers=cfg.workers) as pool:
             results = list(pool.map(one, jobs))
     finally:
+        stop.set()
         if cfg.local_root is None:
             shutil.rmtree(local_root, ignore_errors=True)
     load.append(os.getloadavg()[0])
     meta = cfg.workdir / "load.json"
     if not reuse:
-        meta.write_text(json.dumps(dict(start=load[0], end=load[1], cpus=os.cpu_count())))
+        record = dict(start=load[0], end=load[1], cpus=os.cpu_count(), samples=samples)
+        meta.write_text(json.dumps(record))
     study = analyse(cfg, p0, steps, specs, results)
     study["load"] = json.loads(meta.read_text()) if meta.exists() else None
     study["runs_span_s"] = runs_span_s([cfg.workdir / "pilot"] + [j[2].run_dir for j in jobs])
