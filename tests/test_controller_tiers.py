@@ -235,7 +235,8 @@ def test_a_corrupt_local_copy_is_moved_aside_and_the_persistent_one_restored(tmp
 def test_a_stale_local_directory_of_another_run_is_never_taken(tmp_path, local_root):
     _crash_after(tmp_path / "old", local_root, 150)  # another run, same local_dir
     stale = run_dir(local_root)
-    _crash_after(tmp_path / "new", local_root, 70)  # this run: persistent at 65, local at 65
+    with pytest.warns(UserWarning, match="1 other run"):
+        _crash_after(tmp_path / "new", local_root, 70)  # this run: persistent, local at 65
     ck, step, model, said = _relaunch(tmp_path / "new", local_root)
     assert step == 65 and same_weights(model, weights_at(65))  # not the other run's 145
     assert any("other run" in m and stale.name in m for m in said)
