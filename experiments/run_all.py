@@ -6,8 +6,9 @@ import importlib
 import sys
 import time
 
-# bench_checkpoint (~9 min of disk writes) and closed_loop (~20 min of real training) are
-# run on their own: `python -m experiments.bench_checkpoint`, `python -m experiments.closed_loop`.
+# bench_checkpoint (~9 min of disk writes), closed_loop (~20 min of real training) and
+# closed_loop_tiers (~35 min) are run on their own: `python -m experiments.bench_checkpoint`,
+# `python -m experiments.closed_loop`, `python -m experiments.closed_loop_tiers`.
 STUDIES = (
     "titan_fit",
     "lanl_fit",

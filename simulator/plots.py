@@ -335,30 +335,32 @@ def read_run_log(path: str | Path):
         events = read_events(file, follow=True)  # a path the user gave, read only
     except OSError as exc:
         raise InputError(f"cannot read run log {file}: {_reason(exc)}") from None
-    rows, offset, session, session_end, last_save = [], 0.0, None, 0.0, None
+    rows, offset, session, session_end = [], 0.0, None, 0.0
+    last_save: dict[str, float] = {}  # per tier (a run with a local tier logs both)
     for e in events:
         t = e.get("session_s")
         if not isinstance(t, int | float) or not np.isfinite(t):
             continue
         if e["session"] != session:
             offset += session_end
-            session, session_end, last_save = e["session"], 0.0, None
+            session, session_end, last_save = e["session"], 0.0, {}
         session_end = max(session_end, float(t))
         if e["event"] != "save" or e.get("ok") is False or not isinstance(e.get("step"), int):
             continue
+        tier = e.get("tier") if isinstance(e.get("tier"), str) else "persistent"
         interval = e.get("interval_s")
         if not isinstance(interval, int | float) or not np.isfinite(interval):
-            interval = None if last_save is None else float(t) - last_save
-        last_save = float(t)
+            interval = float(t) - last_save[tier] if tier in last_save else None
+        last_save[tier] = float(t)
         if interval is not None and interval > 0:
-            rows.append((e["step"], offset + float(t), float(interval), e["session"]))
+            rows.append((e["step"], offset + float(t), float(interval), e["session"], tier))
     if not rows:
         raise InputError(
             f"{file}: no saves with an interval in the run log ({len(events)} records)"
             if events
             else f"{file}: the run log is empty or unreadable (no run-log records)"
         )
-    return pd.DataFrame(rows, columns=["step", "time_s", "interval_s", "session"])
+    return pd.DataFrame(rows, columns=["step", "time_s", "interval_s", "session", "tier"])
 
 
 def controller_intervals(log, *, reference_s: Mapping[str, float] | None = None, ax=None):
@@ -376,13 +378,17 @@ def controller_intervals(log, *, reference_s: Mapping[str, float] | None = None,
         starts = df.groupby("session", sort=False)["time_s"].min().to_numpy(float)[1:]
         for i, t in enumerate(starts):
             ax.axvline(t / 3600.0, color="0.5", ls=":", lw=1, label="restart" if i == 0 else None)
-    ax.step(
-        df["time_s"] / 3600.0,
-        df["interval_s"] / 60.0,
-        where="post",
-        color="C0",
-        label="controller's interval",
-    )
+    tiers = df.groupby("tier", sort=False) if "tier" in df else [(None, df)]
+    for i, (tier, rows) in enumerate(tiers):
+        several = "tier" in df and df["tier"].nunique() > 1
+        ax.step(
+            rows["time_s"] / 3600.0,
+            rows["interval_s"] / 60.0,
+            where="post",
+            color="C0",
+            ls=("-", "-.")[i % 2],
+            label=f"controller's interval ({tier} tier)" if several else "controller's interval",
+        )
     for i, (name, s) in enumerate((reference_s or {}).items()):
         ax.axhline(s / 60.0, color=f"C{i + 1}", ls="--", lw=1, label=name)
     ax.set_xlabel("time since the run started (hours)")

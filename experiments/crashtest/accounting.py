@@ -11,16 +11,26 @@ by line:
   process's interpreter and torch import, and the checkpoint load (a kill during a restart
   makes that whole launch recovery);
 - saving: training stalls in saves, including a save a kill cut short;
-- lost: compute after the last save completed in a launch that was then killed (the job
-  resumes from that save, so the work is done again);
+- lost: compute of the steps a later launch did not resume from (it restored an older step, so
+  they are done again) and of the step cut short by the failure: with one tier, the compute
+  after the last completed save of a launch that was killed; with a local tier that a node
+  loss wiped, also the steps of earlier launches back to the persistent checkpoint;
 - useful: the rest of the compute, which ends up in the final state.
+
+With failure classes (``supervisor``), a launch's work ends when its failure strikes (the
+supervisor's ``fail``: the SIGKILL, the SIGSTOP of a hang, the SIGTERM of a preemption), and
+recovery runs from there: a hang's timeout and a preemption's save and exit are recovery, as
+in the simulator. A preemption whose save committed (the job logged ``preempted``) loses no
+work. Per failure the account keeps its class, the seconds from the failure until the process
+was gone (a hang's timeout, a preemption's save and exit) and from then until training again.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +83,23 @@ class RunAccount:
     every launch that got that far."""
     restore_durations_s: tuple[float, ...] = ()
     """``start`` until ``ready`` (model built, checkpoint restored), for every such launch."""
+    failure_classes: tuple[str, ...] = ()
+    """The class of each failure, in the order of ``kill_times_s``."""
+    gone_s: tuple[float, ...] = ()
+    """Per failure: from the failure until the process was gone (exit), seconds."""
+    restarts_after_s: tuple[float | None, ...] = ()
+    """Per failure: from the process gone until the next launch trained (None: that launch
+    was struck first)."""
+    preempt_commit_s: tuple[float, ...] = ()
+    """Per preemption whose save committed: from the SIGTERM until the job logged it."""
+    tier_saves_s: dict = field(default_factory=dict)
+    """Tier -> the stall of each completed save that went to that tier alone; a save to both
+    tiers at one step is split in the ratio of the checkpointer's own timings."""
+    interval_steps: dict = field(default_factory=dict)
+    """Tier -> the interval (steps) the checkpointer had chosen at each save."""
+    launch_step_s: tuple[float, ...] = ()
+    """The median seconds per step of each launch that trained at least 20 steps: how much
+    the machine's speed moved within the run (the simulator runs at one speed)."""
 
     @property
     def step_s(self) -> float:
@@ -94,6 +121,8 @@ def _attempts(events: list[dict], sup: list[dict]) -> list[dict]:
     for e in sup:
         a = by.setdefault(e["attempt"], {"events": []})
         a[e["event"]] = e["t"]
+        if e["event"] == "fail":
+            a["cls"] = e.get("cls", "process")
     for e in events:
         by.setdefault(e["attempt"], {"events": []})["events"].append(e)
     return [by[k] for k in sorted(by)]
@@ -108,13 +137,31 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
     startup = recovery = saving = compute = lost = 0.0
     lost_steps = failures = 0
     save_durations, restarts, kills, imports, restores = [], [], [], [], []
+    classes, gone, after, commits = [], [], [], []
+    tier_saves: dict[str, list] = {}
+    intervals: dict[str, list] = {}
+    launch_steps = []
+    kept: list[tuple[int, float]] = []  # (step, its compute) of the steps not yet undone
     done_t = None
     prev_kill = None
+    prev_exit = None
     for k, a in enumerate(attempts):
         evs = a["events"]
         ready = next((e for e in evs if e["event"] == "ready"), None)
         done = next((e for e in evs if e["event"] == "done"), None)
-        end = done["t"] if done else a.get("kill")
+        preempted = next((e for e in evs if e["event"] == "preempted"), None)
+        end = done["t"] if done else a.get("fail", a.get("kill"))
+        launch_steps.extend(_median_step_s(evs))
+        if prev_exit is not None:
+            trained = ready is not None and (done is not None or ready["t"] < end)
+            after.append(ready["t"] - prev_exit if trained else None)
+            prev_exit = None
+        if done is None:
+            classes.append(a.get("cls", "process"))
+            prev_exit = a.get("exit", end)
+            gone.append(prev_exit - end)
+            if preempted is not None:
+                commits.append(preempted["t"] - end)
         if end is None:
             raise ValueError(f"{run_dir}: attempt {k} neither finished nor was killed")
         begin = a["launch"] if k == 0 else prev_kill
@@ -134,17 +181,20 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
         else:
             recovery += ready["t"] - begin
             restarts.append(ready["t"] - begin)
+        # The steps the restore went back past are done again: lost.
+        while kept and kept[-1][0] > ready["step"]:
+            lost += kept.pop()[1]
+            lost_steps += 1
         # Saves in this launch; a save_start with no save_end was cut short at `end`.
         stall = 0.0
-        committed_t, committed_step = ready["t"], ready["step"]
         open_save = None
-        after_commit_stall = 0.0
-        last_step = ready["step"]
+        t_prev = ready["t"]  # where the compute of the next step began
         for e in evs:
             if e["t"] > end:
                 break
             if e["event"] == "step":
-                last_step = e["step"]
+                kept.append((e["step"], e["t"] - t_prev))
+                t_prev = e["t"]
             elif e["event"] == "save_start":
                 open_save = e
             elif e["event"] in ("save_end", "save_skipped") and open_save is not None:
@@ -154,19 +204,20 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
                     continue  # the check said due but no save happened: compute, not a stall
                 stall += d
                 save_durations.append(d)
-                committed_t, committed_step = e["t"], e["step"]
-                after_commit_stall = 0.0
+                _split_by_tier(e, d, tier_saves, intervals)
+                t_prev = e["t"]
+        cut = 0.0
         if open_save is not None:  # cut short by the kill
-            stall += end - open_save["t"]
-            after_commit_stall = end - open_save["t"]
+            cut = end - open_save["t"]
+            stall += cut
         saving += stall
         compute += (end - ready["t"]) - stall
         if done is None:
             failures += 1
             kills.append(end)
             prev_kill = end
-            lost += (end - committed_t) - after_commit_stall
-            lost_steps += last_step - committed_step
+            if preempted is None:  # the step under way is lost (a preemption saves it)
+                lost += max(0.0, end - t_prev - cut)
         else:
             done_t = done["t"]
             break
@@ -188,4 +239,33 @@ def account_run(run_dir: Path, steps: int) -> RunAccount:
         kill_times_s=tuple(t - ready0 for t in kills),
         import_durations_s=tuple(imports),
         restore_durations_s=tuple(restores),
+        failure_classes=tuple(classes),
+        gone_s=tuple(gone),
+        restarts_after_s=tuple(after),
+        preempt_commit_s=tuple(commits),
+        tier_saves_s={t: tuple(v) for t, v in tier_saves.items()},
+        interval_steps={t: tuple(v) for t, v in intervals.items()},
+        launch_step_s=tuple(launch_steps),
     )
+
+
+def _median_step_s(events: list[dict]) -> list[float]:
+    """[the median time between consecutive steps of one launch] (none under 20 steps)."""
+    steps = [e for e in events if e["event"] == "step"]
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(steps) if b["step"] == a["step"] + 1]
+    return [float(np.median(gaps))] if len(gaps) >= 20 else []
+
+
+def _split_by_tier(event: dict, seconds: float, tier_saves: dict, intervals: dict) -> None:
+    """Book a save's stall to its tiers (a save_end without ``tiers``: the persistent one)."""
+    stalls = event.get("tiers") or {"persistent": None}
+    if len(stalls) == 1:
+        tier_saves.setdefault(next(iter(stalls)), []).append(seconds)
+    else:
+        known = {t: v for t, v in stalls.items() if v}
+        total = sum(known.values())
+        for t, v in known.items():
+            tier_saves.setdefault(t, []).append(seconds * v / total)
+    for t, n in (event.get("interval_steps") or {}).items():
+        if n:
+            intervals.setdefault(t, []).append(n)

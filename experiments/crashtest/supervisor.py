@@ -1,10 +1,15 @@
 """The supervisor: run the training job to completion through the kills the injector deals.
 
 One job = a run directory and a policy. The supervisor launches the training process,
-watches the clock, SIGKILLs it when the launch's lifetime (``injector.KillSchedule``) is up,
-waits ``restart_delay_s`` (the time a real cluster takes to notice and reschedule), and launches
-it again; the job resumes from its newest checkpoint. It stops when the process exits 0 after
-logging ``done``. Its own events (``launch``, ``kill``, ``exit``) go to ``supervisor.jsonl``
+watches the clock, ends the launch when its lifetime (``injector.KillSchedule``) is up, waits
+``restart_delay_s`` (the time a real cluster takes to notice and reschedule), and launches it
+again; the job resumes from its newest checkpoint. It stops when the process exits 0 after
+logging ``done``. How a launch ends is the schedule's class for it: a ``process`` failure is
+a SIGKILL; a ``node`` loss a SIGKILL and the job's local tier wiped; a ``hang`` a SIGSTOP,
+then a SIGKILL ``hang_timeout_s`` later (when a real job's collective timeout would notice);
+a ``preemption`` a SIGTERM, then a SIGKILL if the job has not exited ``grace_s`` later (as a
+scheduler's kill after its grace period). Its own events (``launch``, ``fail`` — the moment
+the failure struck, with its class —, ``kill``, ``wipe``, ``exit``) go to ``supervisor.jsonl``
 with the same ``time.monotonic()`` clock as the job's ``events.jsonl``.
 """
 
@@ -12,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.crashtest.injector import KillSchedule, kill
+from experiments.crashtest.injector import KillSchedule, freeze, kill, terminate
 from experiments.crashtest.train_gpt import EVENTS
 
 __all__ = ["SUPERVISOR_LOG", "JobSpec", "run_job"]
@@ -46,6 +52,8 @@ class JobSpec:
     """Model init and data order."""
     model_args: dict = field(default_factory=dict)
     """Extra ``train_gpt`` flags (``{"n_layer": 2}``)."""
+    local_dir: Path | None = None
+    """The job's local checkpoint tier (wiped by a node loss); None: one tier."""
 
     def command(self, attempt: int) -> list[str]:
         cmd = [
@@ -55,6 +63,8 @@ class JobSpec:
             "--mtbf-s", repr(self.prior_mtbf_s), "--restart-s", repr(self.prior_restart_s),
             "--seed", str(self.seed),
         ]  # fmt: skip
+        if self.local_dir is not None:
+            cmd += ["--local-dir", str(self.local_dir)]
         for key, value in self.model_args.items():
             cmd += [f"--{key.replace('_', '-')}", str(value)]
         return cmd
@@ -88,14 +98,20 @@ def run_job(
     timeout_s: float = 3600.0,
     clock_from_ready: bool = False,
     kill_at_steps: tuple[int, ...] = (),
+    hang_timeout_s: float = 3.0,
+    grace_s: float = 1.0,
 ) -> Path:
     """Run ``spec`` to completion under ``schedule``; returns the run directory.
 
     ``clock_from_ready``: start every launch's clock when it is training, not only the first
     one's (tests use it so each kill lands in training whatever the machine's load).
 
-    ``kill_at_steps``: instead of the clock, kill launch k as soon as it logs step
-    ``kill_at_steps[k]`` — deterministic crash points whatever the machine's speed (tests).
+    ``kill_at_steps``: instead of the clock, end launch k as soon as it logs step
+    ``kill_at_steps[k]`` — deterministic crash points whatever the machine's speed (tests);
+    it ends as the schedule's class for that launch says.
+
+    ``hang_timeout_s``: how long a frozen launch goes unnoticed; ``grace_s``: how long a
+    preempted one may take to exit before it is killed.
 
     Raises RuntimeError when the job exits with an error, needs more than ``max_attempts``
     launches, or is not done after ``timeout_s`` of wall time.
@@ -139,12 +155,12 @@ def run_job(
                         if e["event"] == "step" and kill_step is not None:
                             hit |= e["step"] >= kill_step
                 if hit or (clock_origin is not None and now >= clock_origin + lifetime):
-                    kill(proc.pid)
-                    t_kill = note("kill", attempt=attempt, by_step=hit)
-                    proc.wait()
-                    note("exit", attempt=attempt, rc=proc.returncode)
+                    cls = schedule.class_of(attempt)
+                    t_gone = _end_launch(
+                        proc, cls, note, attempt, hit, spec.local_dir, hang_timeout_s, grace_s
+                    )
                     # Sleep to an absolute deadline so the delay does not drift with wait().
-                    time.sleep(max(0.0, t_kill + restart_delay_s - time.monotonic()))
+                    time.sleep(max(0.0, t_gone + restart_delay_s - time.monotonic()))
                     break
                 if now - t_begin > timeout_s:
                     kill(proc.pid)
@@ -154,3 +170,34 @@ def run_job(
         raise RuntimeError(f"{spec.run_dir}: not done after {max_attempts} launches")
     finally:
         sup.close()
+
+
+_PREEMPTED_EXIT_CODES = (75, -15, -9)
+"""A preempted launch exits 75 after its save (PREEMPTED_EXIT_CODE), dies of the SIGTERM
+itself when it came before the checkpointer's handler was installed, or is killed at the end
+of the grace period."""
+
+
+def _end_launch(proc, cls, note, attempt, hit, local_dir, hang_timeout_s, grace_s) -> float:
+    """End the launch as a failure of class ``cls`` does; returns when the process was gone."""
+    t_fail = note("fail", attempt=attempt, cls=cls, by_step=hit)
+    if cls == "hang":
+        freeze(proc.pid)
+        time.sleep(max(0.0, t_fail + hang_timeout_s - time.monotonic()))
+    if cls == "preemption":
+        terminate(proc.pid)
+        try:
+            proc.wait(timeout=max(0.0, t_fail + grace_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.poll() is None:
+        kill(proc.pid)
+        note("kill", attempt=attempt, by_step=hit)
+    proc.wait()
+    t_gone = note("exit", attempt=attempt, rc=proc.returncode)
+    if cls == "preemption" and proc.returncode not in _PREEMPTED_EXIT_CODES:
+        raise RuntimeError(f"attempt {attempt}: exited with {proc.returncode} when preempted")
+    if cls == "node" and local_dir is not None:
+        shutil.rmtree(local_dir, ignore_errors=True)  # the host, and its /dev/shm, are gone
+        note("wipe", attempt=attempt)
+    return t_gone

@@ -15,7 +15,14 @@ Lines are written unbuffered, so a SIGKILL loses at most the event in progress.
 Policy SPEC (JSON): ``{"kind": "fixed", "interval_s": 4.0}``, ``{"kind": "steps",
 "every": 500}`` (save every N steps, as most trainers' defaults do), ``{"kind": "optimal"}``
 (``policies.ExactOptimal`` fed by the controller's live estimates) or ``{"kind": "adaptive"}``
-(``policy=None``, the controller's default).
+(``policy=None``, the controller's default). With a local tier (``--local-dir``):
+``{"kind": "tiers", "local_s": 1.5, "persistent_s": 17.0}`` (a ``TierSchedule``),
+``{"kind": "steps-tiers", "local_every": 100, "persistent_every": 1000}`` or
+``{"kind": "adaptive-tiers"}`` (``policy=None``: the model's tier plan, learned live, from the
+prior ``--prior-json``). ``--grace-s`` is the checkpointer's ``preemption_grace_s``;
+``--persistent-bytes-per-s`` slows the persistent tier (``slowstore``). With a grace period
+the checkpointer stops on a preemption (``on_preemption="stop"``) so that the job logs
+``preempted`` the moment the save is committed, then closes and exits with status 75.
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--local-dir", type=Path, help="the local checkpoint tier")
+    p.add_argument("--grace-s", type=float, help="preemption grace period, seconds")
+    p.add_argument("--persistent-bytes-per-s", type=float, help="slow the persistent tier")
+    p.add_argument("--prior-json", help="tiered prior: process/node MTBF, local/persistent s")
     return p.parse_args(argv)
 
 
@@ -85,9 +96,31 @@ def make_policy(spec: dict):
         return policies.FixedInterval(1e12), int(spec["every"])
     if kind == "optimal":
         return policies.ExactOptimal(), None
-    if kind == "adaptive":
+    if kind in ("adaptive", "adaptive-tiers"):
         return None, None
+    from simulator.model.tiers import TierSchedule
+
+    if kind == "tiers":
+        return TierSchedule({"local": spec["local_s"], "persistent": spec["persistent_s"]}), None
+    if kind == "steps-tiers":
+        every = {"local": int(spec["local_every"]), "persistent": int(spec["persistent_every"])}
+        return TierSchedule({"local": 1e12, "persistent": 1e12}), every
     raise SystemExit(f"unknown policy kind {kind!r}")
+
+
+def tier_prior(args):
+    """The tiered controller's prior: a scenario with the failure classes and tiers."""
+    if not args.prior_json:
+        return None
+    from simulator.controller.tier_schedule import tier_scenario
+
+    prior = json.loads(args.prior_json)
+    return tier_scenario(
+        local_s=prior["local_s"],
+        persistent_s=prior["persistent_s"],
+        rates_per_s={"process": 1 / prior["process_mtbf_s"], "node": 1 / prior["node_mtbf_s"]},
+        restart_s=args.restart_s,
+    )
 
 
 def main(argv=None) -> int:
@@ -114,57 +147,38 @@ def main(argv=None) -> int:
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     spec = json.loads(args.policy)
     policy, every_steps = make_policy(spec)
+    tiered = {}
+    if args.local_dir is not None:
+        tiered = dict(local_dir=args.local_dir, preemption_grace_s=args.grace_s)
+    elif args.grace_s is not None:
+        tiered = dict(preemption_grace_s=args.grace_s)
+    if args.grace_s is not None:
+        tiered["on_preemption"] = "stop"
+    scenario = tier_prior(args)
+    directory = args.run_dir / "ckpt"
+    storage = None
+    if args.persistent_bytes_per_s:
+        from experiments.crashtest.slowstore import ThrottledStorage
+
+        storage = ThrottledStorage(directory, args.persistent_bytes_per_s)
     ckpt = AdaptiveCheckpointer(
-        args.run_dir / "ckpt",
+        directory,
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
         policy=policy,
-        mtbf_h=args.mtbf_s / 3600.0,
+        mtbf_h=None if scenario is not None else args.mtbf_s / 3600.0,
+        scenario=scenario,
         restart_s=args.restart_s,
         keep_last=2,
         total_steps=args.steps,
         config={"steps": args.steps, "seed": args.seed, "model": vars(config)},
+        storage=storage,
+        **tiered,
     )
     step = ckpt.restore()
-    log("ready", step=step)
-
-    def batch(i: int):
-        return draw_batch(data, seed=args.seed, step=i, batch=args.batch, block=args.block)
-
-    saved_at = step
-    loss = None
-    while step < args.steps:
-        x, y = batch(step)
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        log("step", step=step)
-        if every_steps is not None:
-            if step % every_steps == 0:
-                log("save_start", step=step)
-                ckpt.save(step)
-                log("save_end", step=step)
-                saved_at = step
-            else:
-                ckpt.step(step)
-        else:
-            due = step >= ckpt.next_due_step
-            if due:
-                log("save_start", step=step)
-            if ckpt.step(step):
-                log("save_end", step=step)
-                saved_at = step
-            elif due:
-                log("save_skipped", step=step)
-    if saved_at != step:  # the job ends saved, as the simulator's does
-        log("save_start", step=step)
-        ckpt.save(step)
-        log("save_end", step=step)
-    ckpt.close()
+    log("ready", step=step, tier=ckpt.stats.get("restored_tier"))
+    step, loss = _train(args, ckpt, model, optimizer, scheduler, data, step, every_steps, log)
     final = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     for i, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
@@ -178,6 +192,82 @@ def main(argv=None) -> int:
         stats=_jsonable(ckpt.stats),
     )
     return 0
+
+
+def _preempted_tier(ckpt) -> str | None:
+    events = ckpt.runlog.events()
+    return next((e.get("tier") for e in reversed(events) if e["event"] == "preempted"), None)
+
+
+def _saved(ckpt) -> dict:
+    """The tiers the last save went to, with their stalls (seconds), and their intervals."""
+    stats = ckpt.stats
+    stalls = stats.get("last_save_stall_s") or {"persistent": stats["save_stall_s"]}
+    steps = stats.get("tier_interval_steps") or {"persistent": stats["interval_steps"]}
+    return {"tiers": stalls, "interval_steps": steps}
+
+
+def _stop_if_preempted(ckpt, step: int, log) -> None:
+    """After a preemption's save (committed by now): log it, close, exit with status 75."""
+    if ckpt.preempted:
+        log("preempted", step=step, tier=_preempted_tier(ckpt))
+        ckpt.close(finished=False)
+        raise SystemExit(75)  # PREEMPTED_EXIT_CODE
+
+
+def _train(args, ckpt, model, optimizer, scheduler, data, step, every_steps, log):
+    def batch(i: int):
+
+        return draw_batch(data, seed=args.seed, step=i, batch=args.batch, block=args.block)
+
+    saved_at = step
+    loss = None
+    while step < args.steps:
+        x, y = batch(step)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        log("step", step=step)
+        if isinstance(every_steps, dict):  # a hand-set tier schedule in steps
+            due = [t for t in ("local", "persistent") if step % every_steps[t] == 0]
+            if due:
+                log("save_start", step=step)
+                for tier in due:
+                    ckpt.save(step, tier=tier)
+                log("save_end", step=step, **_saved(ckpt))
+                saved_at = step
+            else:
+                ckpt.step(step)
+                _stop_if_preempted(ckpt, step, log)
+        elif every_steps is not None:
+            if step % every_steps == 0:
+                log("save_start", step=step)
+                ckpt.save(step)
+                log("save_end", step=step)
+                saved_at = step
+            else:
+                ckpt.step(step)
+                _stop_if_preempted(ckpt, step, log)
+        else:
+            due = step >= ckpt.next_due_step
+            if due:
+                log("save_start", step=step)
+            if ckpt.step(step):
+                _stop_if_preempted(ckpt, step, log)
+                log("save_end", step=step, **_saved(ckpt))
+                saved_at = step
+            elif due:
+                log("save_skipped", step=step)
+    final_missing = ckpt.local is not None and ckpt.last_saved_step != step
+    if saved_at != step or final_missing:  # the job ends saved, persistently, as simulated
+        log("save_start", step=step)
+        ckpt.save(step)
+        log("save_end", step=step, tiers={"persistent": ckpt.stats["save_stall_s"]})
+    ckpt.close()
+    return step, loss
 
 
 def _jsonable(stats) -> dict:

@@ -5,6 +5,7 @@
 (where checkpoints live, retention), ``integrity`` (when a checkpoint counts, no pickles),
 ``objstore`` (the same on an fsspec URL: ``s3://``, ``memory://``),
 ``runlog`` (the run's record of its own restarts), ``lock`` (one writer per directory),
+``local_tier``, ``tier_schedule`` and ``tiered`` (a second, host-local tier: ``local_dir``),
 ``backend`` (single process or torch.distributed), ``safe_metadata`` (DCP's metadata pickle,
 read as data, never run) and ``loader`` (a data loader that resumes exactly:
 ``ckpt.wrap(loader)``).

@@ -8,6 +8,9 @@ time, from the measured save stall and iteration time and the failure-rate poste
 so no collective runs on the other steps (with preemption handlers, also at a check point
 about every 5 s of training; every broadcast carries rank 0's preemption flag).
 
+With ``local_dir`` a second, host-local tier is saved at its own interval and restored from
+when it holds the newest intact state (:mod:`simulator.controller.tiered`).
+
 The life cycle: ``close()`` saves the tail (the last step seen, if newer than the last save)
 and records ``finished`` in the run log; a relaunch of a finished run restores that step and
 says so (:attr:`AdaptiveCheckpointer.finished`). A preemption signal (SIGTERM by default) only
@@ -69,6 +72,7 @@ from simulator.controller.integrity import (
     UnsafeCheckpoint,
 )
 from simulator.controller.loader import ResumableLoader, refuse_unwrapped_loader
+from simulator.controller.local_tier import LocalTier
 from simulator.controller.lock import READ_ONLY, DirectoryLock, open_directory
 from simulator.controller.objstore import (
     NoLock,
@@ -78,7 +82,7 @@ from simulator.controller.objstore import (
     open_store,
 )
 from simulator.controller.precision import check_precision, expand_state, reduce_state
-from simulator.controller.runlog import RunLog
+from simulator.controller.runlog import RunLog, failures_by_class
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
 from simulator.controller.storage import (
@@ -87,6 +91,8 @@ from simulator.controller.storage import (
     checkpoint_name,
     complete_steps,
 )
+from simulator.controller.tier_schedule import LOCAL, PERSISTENT
+from simulator.controller.tiered import TierMixin, open_local_tier, tiered_schedule
 from simulator.errors import InputError
 from simulator.policies import Adaptive, Policy
 
@@ -111,7 +117,7 @@ _PREEMPTION_CHECK_S = 5.0
 _NEVER = sys.maxsize
 
 
-class AdaptiveCheckpointer:
+class AdaptiveCheckpointer(TierMixin):
     """Saves a training run's complete state at the interval the policy deems best.
 
     ``directory`` holds the ``step-NNNNNNNN`` checkpoints and ``runlog.jsonl``. The objects
@@ -150,7 +156,18 @@ class AdaptiveCheckpointer:
     handlers are installed only from the main thread, call a previous Python handler too,
     and are put back at close. On several ranks the save happens at the first check point
     (about every 5 s of training, a step every rank knows) after rank 0 got the signal, so every
-    rank saves at the same step without a collective on each step.
+    rank saves at the same step without a collective on each step. A write in flight is
+    finished first. ``preemption_grace_s`` (the scheduler's seconds between its signal and the
+    kill) sends that save to the local tier when the measured persistent save would not fit in
+    what is left of it (:mod:`simulator.controller.tiered`).
+
+    Local tier. ``local_dir`` (``/dev/shm/<job>`` or local NVMe) keeps complete checkpoints of
+    this run in ``<local_dir>/<run id>/`` too, made and checked by the same code, kept
+    ``local_keep_last`` deep (1; 2 with ``async_save``); ``restore()`` takes the newest intact
+    copy across both tiers and says which (:mod:`simulator.controller.local_tier`). ``policy``
+    is then None (each tier's interval from the model's first-order tier plan at the measured
+    costs and per-class failure rates: :mod:`simulator.controller.tier_schedule`) or a
+    :class:`simulator.model.tiers.TierSchedule` of both tiers' intervals. Local backend only.
 
     ``allow_fresh_start``: when the directory holds checkpoints but none is intact, restore
     from step 0 with a warning instead of raising :class:`NoIntactCheckpoint`.
@@ -195,6 +212,9 @@ class AdaptiveCheckpointer:
         on_preemption: str = "exit",
         allow_fresh_start: bool = False,
         optimizer_precision: str = "fp32",
+        local_dir: str | os.PathLike | None = None,
+        local_keep_last: int | None = None,
+        preemption_grace_s: float | None = None,
     ):
         refuse_unwrapped_loader(dataloader)
         self.optimizer_precision = check_precision(optimizer_precision)
@@ -226,6 +246,7 @@ class AdaptiveCheckpointer:
             )
         self.clock = clock
         self.async_save = bool(async_save)
+        fixed_tiers = self._tier_options(local_dir, local_keep_last, policy, preemption_grace_s)
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
             raise InputError(
                 f"keep_last must be a whole number of checkpoints >= 1, got {keep_last!r}"
@@ -271,8 +292,8 @@ class AdaptiveCheckpointer:
             checkpoint_prior_s = scenario.checkpoint_s
             if scenario.failure != "exponential" and scenario.gpus is not None:
                 component, n_components = scenario.gpu_lifetime(), scenario.gpus
-        self.schedule = Schedule(
-            policy=policy if policy is not None else Adaptive(),
+        base = dict(
+            policy=policy if policy is not None and not fixed_tiers else Adaptive(),
             prior=prior,
             restart_s=restart_s,
             checkpoint_prior_s=checkpoint_prior_s,
@@ -282,6 +303,10 @@ class AdaptiveCheckpointer:
             n_components=n_components,
             probe_steps=probe_steps,
         )
+        if self._local_dir is None:
+            self.schedule = Schedule(**base)
+        else:
+            self.schedule = tiered_schedule(base, mtbf_h, scenario, fixed_tiers)
 
         self._life_cycle_options(total_steps, ignore_config_keys, preemption_signals, on_preemption)
         is_rank0 = self.backend.rank == 0
@@ -307,12 +332,23 @@ class AdaptiveCheckpointer:
             enabled=is_rank0 and not self.read_only,
             store=self.storage if self._remote else None,
         )
+        self.local: LocalTier | None = None
+        if self._local_dir is not None:
+            self.local = open_local_tier(self)
         if is_rank0:
             evidence = self.runlog.evidence()
-            self.schedule.set_history(evidence.failures, evidence.exposure_s)
+            if self.local is None:
+                self.schedule.set_history(evidence.failures, evidence.exposure_s)
+            else:
+                by_class = failures_by_class(
+                    self.runlog.events(),
+                    exclude_session=self.runlog.session,
+                    local_found=self.local.found,
+                )
+                self.schedule.set_history(evidence.failures, evidence.exposure_s, by_class)
         self._session_start = clock()
         # records_train: this session writes "train" at its first step (runlog module).
-        self.runlog.append("start", session_s=0.0, records_train=True)
+        self.runlog.append("start", session_s=0.0, records_train=True, **self._start_fields())
         self._began = False
 
         self.resumed_from: int | None = None
@@ -324,6 +360,7 @@ class AdaptiveCheckpointer:
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
         self._inflight_step: int | None = None
+        self._inflight_tier = PERSISTENT
         self._write_failed = False
         self._mark_step = 0
         self._mark_t = clock()
@@ -374,7 +411,7 @@ class AdaptiveCheckpointer:
             if self._agreed is not None:
                 return self._preempt(step)
             return False
-        self.save(step)
+        self._save_due(step)
         if self._agreed is not None:
             return self._preempt(step)
         return True
@@ -435,11 +472,16 @@ class AdaptiveCheckpointer:
         if step > self._mark_step and now > self._mark_t:
             self.schedule.iteration.update((now - self._mark_t) / (step - self._mark_step))
 
-    def save(self, step: int) -> None:
-        """Save the complete state after ``step`` steps now (waits for a write in flight)."""
+    def save(self, step: int, *, tier: str = PERSISTENT) -> None:
+        """Save the complete state after ``step`` steps now (waits for a write in flight).
+
+        ``tier="local"`` saves to the local tier (``local_dir``) instead; a failure there is
+        warned about, never raised: the persistent tier carries on.
+        """
         if self._closed:
             raise RuntimeError("the checkpointer is closed")
         step = int(step)
+        self._check_tier(tier)
         self._finish_inflight()
         t0 = self.clock()
         self._measure_iterations(step)
@@ -449,23 +491,24 @@ class AdaptiveCheckpointer:
                 step=step, config=self.config, backend=self.backend, **self._objects
             )
             state["controller"] = vars(self.schedule.estimates())
+            self._add_tier_state(state)
             state = reduce_state(state, self.optimizer_precision)
             if self.async_save and not self._sync_only:
                 staged = stage(state)
-                self._inflight_step = step
-                self._inflight = self._pool().submit(self._write_in_background, step, staged)
+                self._inflight_step, self._inflight_tier = step, tier
+                self._inflight = self._pool().submit(self._write_in_background, step, staged, tier)
             else:
-                self._write_and_commit(step, state)
+                self._write_and_commit(step, state, tier)
         except Exception as exc:  # reported below, after the schedule has moved on
             error = exc
         t1 = self.clock()
         if error is None:
-            self.schedule.stall.update(t1 - t0)
-            self.saves += 1
+            self._stall_of(tier).update(t1 - t0)
+            self._count_save(tier)
         session_s = t1 - self._session_start
         self.schedule.update_exposure(session_s)
-        due = self.schedule.next_due(step, age_s=session_s)
-        interval_s = self.schedule.interval_s
+        due = self._due_after(tier, step, session_s)
+        interval_s = self._interval_of(tier)
         self.runlog.append(
             "save",
             session_s=session_s,
@@ -474,21 +517,25 @@ class AdaptiveCheckpointer:
             stall_s=round(t1 - t0, 6),
             interval_s=interval_s if math.isfinite(interval_s) else None,
             next_due_step=int(due),
+            **self._tier_field(tier),
         )
         due, message = self._broadcast_point(step, (due, None if error is None else repr(error)))
         self._set_due(due)
         self._mark_step, self._mark_t = step, self.clock()
         if error is not None or message is not None:
-            self._report(step, failed=True)
+            self._report(step, failed=True, tier=tier)
+            if tier == LOCAL:
+                self._local_failed(step, error or message)
+                return
             raise CheckpointWriteError(
                 f"saving step {step} failed ({error or message}); the previous checkpoint "
                 f"({self._last_good()}) is intact"
             ) from error
-        self._saved_step = step
+        self._note_saved(tier, step, t1 - t0)
         if self.backend.rank == 0:
-            self._report(step, stall_s=t1 - t0, next_due_step=self._planned_due)
+            self._report(step, tier=tier, stall_s=t1 - t0, next_due_step=self._planned_due)
 
-    def _report(self, step: int, *, failed: bool = False, **fields) -> None:
+    def _report(self, step: int, *, failed: bool = False, tier: str = PERSISTENT, **fields) -> None:
         """Log a save once both halves are known: bytes (at commit) and stall, next due (now).
 
         An asynchronous write commits in the background, before or after save() returns, so
@@ -496,29 +543,31 @@ class AdaptiveCheckpointer:
         """
         with self._report_lock:
             if failed:
-                self._pending_reports.pop(step, None)
+                self._pending_reports.pop((tier, step), None)
                 return
-            pending = self._pending_reports.setdefault(step, {})
+            pending = self._pending_reports.setdefault((tier, step), {})
             pending.update(fields)
             if not {"bytes", "stall_s", "next_due_step"} <= pending.keys():
                 return
-            del self._pending_reports[step]
+            del self._pending_reports[(tier, step)]
         size = pending["bytes"]
         logger.info(
             "saved step %d (tier %s): %s bytes, stall %.3f s, next due step %d",
             step,
-            "persistent",
+            tier,
             "?" if size is None else f"{size:,}",
             pending["stall_s"],
             pending["next_due_step"],
-            extra={"step": step, "tier": "persistent", **pending},
+            extra={"step": step, "tier": tier, **pending},
         )
 
-    def _write_in_background(self, step: int, state: dict) -> None:
+    def _write_in_background(self, step: int, state: dict, tier: str = PERSISTENT) -> None:
         try:
-            self._write_and_commit(step, state)
+            self._write_and_commit(step, state, tier)
         except BaseException:
-            self._report(step, failed=True)
+            self._report(step, failed=True, tier=tier)
+            if tier == LOCAL:
+                raise  # warned about on the training thread, never raised there
             # Before the future completes: the next step() takes the slow path, which raises
             # the error on the training thread; the fast path stays one compare. The flag
             # covers a failure that lands before save() has stored its next due step.
@@ -543,6 +592,9 @@ class AdaptiveCheckpointer:
         try:
             future.result()
         except Exception as exc:
+            if self._inflight_tier == LOCAL:
+                self._local_failed(self._inflight_step, exc)
+                return
             raise CheckpointWriteError(
                 f"background write of step {self._inflight_step} failed ({exc}); the previous "
                 f"checkpoint ({self._last_good()}) is intact"
@@ -550,7 +602,10 @@ class AdaptiveCheckpointer:
         finally:
             self._write_failed = False
 
-    def _write_and_commit(self, step: int, state: dict) -> None:
+    def _write_and_commit(self, step: int, state: dict, tier: str = PERSISTENT) -> None:
+        if tier == LOCAL:
+            self._write_local(step, state)
+            return
         if self.read_only:
             raise CheckpointWriteError(
                 f"checkpoint directory {self.root} is read-only (opened for restoring only); "
@@ -597,8 +652,10 @@ class AdaptiveCheckpointer:
             self.storage.drop_local_copies()  # an object store's downloads
         now = self.clock()
         self._mark_step, self._mark_t = step, now
-        self.runlog.append("restore", session_s=now - self._session_start, step=step)
-        due = self.schedule.next_due(step, age_s=now - self._session_start)
+        self.runlog.append(
+            "restore", session_s=now - self._session_start, step=step, **self._restore_fields()
+        )
+        due = self._due_after_restore(step, now - self._session_start)
         self._set_due(int(self.backend.broadcast(due)))
         self._after_restore(step)
         return step
@@ -606,12 +663,14 @@ class AdaptiveCheckpointer:
     def _load_newest(self) -> int:
         self._rejected: dict[str, str] = {}  # rank 0: name -> why, in this restore
         self._aside_before = rejected_aside(self.storage) if self.backend.rank == 0 else []
+        self._restore_tier = PERSISTENT
         while (name := self._choose_everywhere()) is not None:
+            store = self._tier_storage(self._restore_tier)
             template = capture_state(
                 step=0, config=self.config, backend=self.backend, **self._objects
             )
             try:
-                local = self.storage.local_copy(name)
+                local = store.local_copy(name)
                 state = check_state(self.backend.read(local, template), where=name)
                 state, lost = expand_state(state, where=name)
             except CorruptCheckpoint as exc:
@@ -624,8 +683,12 @@ class AdaptiveCheckpointer:
             if mismatch is not None:
                 self._reject(name, "misnamed", mismatch)
                 continue
+            foreign = self._foreign(state)
+            if foreign is not None:
+                self._reject(name, "foreign", foreign)
+                continue
             check_config(
-                self.storage.describe(name),
+                store.describe(name),
                 state.get("config"),
                 self.config,
                 ignore=self.ignore_config_keys,
@@ -635,17 +698,23 @@ class AdaptiveCheckpointer:
             except (KeyError, RuntimeError, ValueError) as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 raise IncompatibleCheckpoint(
-                    f"checkpoint {self.storage.describe(name)} does not fit this run: {first}"
+                    f"checkpoint {store.describe(name)} does not fit this run: {first}"
                 ) from None
             if lost is not None:
                 warnings.warn(f"{lost} ({name})", stacklevel=3)
             self.schedule.seed(Estimates(**state.get("controller", {})))
+            self._seed_tier(state)
             self.resumed_from = self.last_saved_step = step
+            self._restored(step)
             return step
+        self._restored(0)
         return 0
 
     def _reject(self, name: str, why: str, reason: str) -> None:
         if self.backend.rank != 0:
+            return
+        if self._restore_tier == LOCAL:
+            self._reject_local(name, why, reason)
             return
         self._note_rejected(name, reject(self.storage, name, why, reason, move=self._lock.held))
 
@@ -683,6 +752,16 @@ class AdaptiveCheckpointer:
         return choice
 
     def _choose(self) -> str | None:
+        if self.local is not None and self.local.usable:
+            return self._choose_tiered()
+        choice = self._choose_persistent()
+        if choice is not None:
+            return choice
+        self._nothing_to_restore()
+        return None
+
+    def _choose_persistent(self) -> str | None:
+        """The newest intact persistent checkpoint (rejections noted), or None."""
         choice, rejected = choose_checkpoint(
             self.root,
             self.storage,
@@ -693,9 +772,12 @@ class AdaptiveCheckpointer:
         )
         for name, line in rejected.items():
             self._note_rejected(name, line)
-        if choice is not None:
-            return choice
-        lines = list(self._rejected.values()) + [
+        return choice
+
+    def _nothing_to_restore(self) -> None:
+        """No intact checkpoint: refuse when some were rejected (unless a fresh start is
+        allowed, which is warned about)."""
+        lines = self._rejected_lines() + [
             f"{n}: moved aside by an earlier launch" for n in self._aside_before
         ]
         if lines and not self.allow_fresh_start:
@@ -708,9 +790,8 @@ class AdaptiveCheckpointer:
             warnings.warn(
                 f"no intact checkpoint in {self.root}; starting from step 0 as "
                 "allow_fresh_start permits",
-                stacklevel=4,
+                stacklevel=5,
             )
-        return None
 
     # -- data ------------------------------------------------------------------------------
     def wrap(self, loader, *, fast_forward: str = "indices") -> ResumableLoader:
@@ -761,6 +842,7 @@ class AdaptiveCheckpointer:
             "finished": self.finished,
             "preempted": self.preempted,
             "policy": s.policy.name,
+            **self._tier_stats(),
         }
 
     def close(self, *, finished: bool = True) -> None:
@@ -786,7 +868,7 @@ class AdaptiveCheckpointer:
                 except CheckpointWriteError as exc:
                     logger.warning("%s", exc)
             if finished:
-                last = self._last_step
+                last = self._last_step if self._last_step is not None else self._final_step()
                 if last is not None and (self._saved_step is None or last > self._saved_step):
                     self.save(last)
                     self._finish_inflight()
@@ -879,11 +961,12 @@ class AdaptiveCheckpointer:
         self._saved_step: int | None = None  # the same on every rank (last_saved_step: rank 0)
         self._sync_only = False
         self._signalled: int | None = None  # set by the signal handler
+        self._signal_t: float | None = None  # when it was first set (the grace period's start)
         self._agreed: int | None = None  # rank 0's signal, as broadcast: act on it now
         self._check_due = _NEVER
         self._handlers: dict[int, Any] = {}
         self._report_lock = threading.Lock()
-        self._pending_reports: dict[int, dict] = {}
+        self._pending_reports: dict[tuple[str, int], dict] = {}
 
     def _install_preemption_handlers(self) -> None:
         if not self.preemption_signals:
@@ -913,12 +996,18 @@ class AdaptiveCheckpointer:
         self._handlers = {}
 
     def _preempt(self, step: int) -> bool:
-        """Save ``step`` now (unless it is saved), record the preemption, then exit or stop."""
+        """Save ``step`` now (unless it is saved), record the preemption, then exit or stop.
+
+        A write in flight is finished first, never abandoned. With ``preemption_grace_s`` the
+        save goes to the local tier when the persistent one is expected to take longer than
+        what is left of the grace period (:meth:`_preemption_tier`).
+        """
         signum = self._agreed if self._agreed is not None else self._signalled
-        if self._saved_step != step:
-            self.save(step)
+        tier = self._preemption_tier(step)
+        if self._saved_in(tier) != step:
+            self.save(step, tier=tier)
         self._finish_inflight()
-        name = self._note_preempted(step, signum)
+        name = self._note_preempted(step, signum, tier=tier)
         if self.on_preemption == "exit":
             logger.warning(
                 "preempted by %s: saved step %d; exiting with status %d",
@@ -932,13 +1021,18 @@ class AdaptiveCheckpointer:
         self._set_due(self._planned_due)
         return True
 
-    def _note_preempted(self, step: int, signum: int | None) -> str:
+    def _note_preempted(self, step: int, signum: int | None, *, tier: str | None = None) -> str:
         """Step ``step`` is saved after a preemption signal: record it (not a failure)."""
-        self._signalled = self._agreed = None
+        fields = self._preempted_fields(tier)  # before the signal's time is forgotten
+        self._signalled = self._agreed = self._signal_t = None
         self.preempted = True
         name = _signal_name(signum)
         self.runlog.append(
-            "preempted", session_s=self.clock() - self._session_start, step=step, signal=name
+            "preempted",
+            session_s=self.clock() - self._session_start,
+            step=step,
+            signal=name,
+            **fields,
         )
         return name
 
@@ -954,6 +1048,7 @@ class AdaptiveCheckpointer:
         if step > 0:
             self._saved_step = step
         self.finished = marked and (self.total_steps is None or step >= self.total_steps)
+        self._after_tiered_restore(step)
         if self.finished:
             logger.warning("run already finished at step %d: nothing newer to do", step)
         elif marked:
@@ -963,11 +1058,11 @@ class AdaptiveCheckpointer:
                 self.total_steps,
             )
 
-    def _checkpoint_bytes(self, step: int) -> int | None:
+    def _checkpoint_bytes(self, step: int, storage=None) -> int | None:
         """The size of the committed checkpoint (its manifest's sum), or None if unreadable."""
         try:
             manifest = json.loads(
-                self.storage.read_bytes(
+                (storage or self.storage).read_bytes(
                     f"{checkpoint_name(step)}/{ckptio.MANIFEST}", ckptio.MAX_MANIFEST_BYTES
                 )
             )
@@ -994,6 +1089,8 @@ def _preemption_handler(ref: weakref.ref, previous) -> Callable:
         ckpt = ref()
         live = ckpt is not None and not ckpt._closed
         if live:
+            if ckpt._signalled is None:
+                ckpt._signal_t = ckpt.clock()
             ckpt._signalled = signum
             ckpt._next_due = -1
         if callable(previous):

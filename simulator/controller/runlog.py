@@ -8,6 +8,10 @@ controller`` draws), a ``preempted`` when a preemption signal made it save and e
 ``finished`` (with the step) when the run closed as complete, a ``stop`` when it closes cleanly
 and a ``crashed`` when the training loop raised. A launch the checkpointer refused (another
 configuration, no intact checkpoint, a pickle) records ``refused`` instead of ``restore``.
+With a local tier (:mod:`simulator.controller.local_tier`) a ``start`` also records the run's
+id and ``local_found`` (whether this run's local tier was there), a ``save`` its ``tier``, a
+``restore`` the tier it used, and a ``preempted`` the tier, the grace period and the seconds
+from the signal to the commit.
 
 A ``train`` marks a session's first training step. A session that trained (a ``train`` or a
 ``save``), was followed by another start and wrote neither ``stop`` nor ``preempted`` ended in a
@@ -21,7 +25,9 @@ written before ``train`` existed, whose ``start`` lacks ``records_train``, count
 or a ``crashed`` as training, as they did.)
 
 :func:`failure_evidence` turns the log into (failures, exposure seconds), the observation that
-updates :class:`simulator.controller.estimate.FailureRatePosterior` (Gamma–Poisson). Lines torn by a
+updates :class:`simulator.controller.estimate.FailureRatePosterior` (Gamma–Poisson);
+:func:`failures_by_class` splits the failures into process failures and node losses by the
+next session's ``local_found``. Lines torn by a
 crash in mid-append are skipped. The log is never written through a symlink or into a file
 with other hard links (:func:`open_regular`): either would write into another directory.
 
@@ -49,6 +55,7 @@ __all__ = [
     "Evidence",
     "RunLog",
     "failure_evidence",
+    "failures_by_class",
     "open_regular",
     "read_events",
 ]
@@ -161,12 +168,13 @@ def _parse(text: str) -> list[dict]:
     return events
 
 
-def failure_evidence(events: list[dict], *, exclude_session: str | None = None) -> Evidence:
-    """Failures and exposure from run-log events (``exclude_session``: the one running now)."""
+def _sessions(events: list[dict], exclude_session: str | None):
+    """Per past session, in order: (id, trained, stopped cleanly, exposure s, its start)."""
     order: list[str] = []
     exposure: dict[str, float] = {}
     stopped: dict[str, bool] = {}
     trained: dict[str, bool] = {}
+    starts: dict[str, dict] = {}
     marks: dict[str, frozenset[str]] = {}
     for e in events:
         sid = e["session"]
@@ -177,22 +185,54 @@ def failure_evidence(events: list[dict], *, exclude_session: str | None = None) 
             exposure[sid] = 0.0
             stopped[sid] = trained[sid] = False
             marks[sid] = _TRAINING_BEFORE_TRAIN_RECORDS
-        if e["event"] == "start" and e.get("records_train") is True:
-            marks[sid] = _TRAINING
+        if e["event"] == "start":
+            starts.setdefault(sid, e)
+            if e.get("records_train") is True:
+                marks[sid] = _TRAINING
         exposure[sid] = max(exposure[sid], float(e.get("session_s", 0.0)))
         if e["event"] in ("stop", "preempted"):
             stopped[sid] = True
         elif e["event"] in marks[sid]:
             trained[sid] = True
-    # A session is a failure when it did not stop cleanly and something ran after it: the last
-    # past session counts too, since the current process is that "something".
-    later = exclude_session is not None
-    failures = 0
-    for i, sid in enumerate(order):
-        followed = later or i < len(order) - 1
-        failures += int(followed and trained[sid] and not stopped[sid])
-    exposure_s = sum(t for sid, t in exposure.items() if trained[sid])
-    return Evidence(failures=failures, exposure_s=exposure_s, sessions=len(order))
+    return [(sid, trained[sid], stopped[sid], exposure[sid], starts.get(sid, {})) for sid in order]
+
+
+def _failed(table, later: bool) -> list[int]:
+    """Indices of the sessions that failed: trained, no clean stop, something ran after them
+    (the last past session too when ``later``: the current process is that something)."""
+    return [
+        i
+        for i, (_, trained, stopped, _, _) in enumerate(table)
+        if (later or i < len(table) - 1) and trained and not stopped
+    ]
+
+
+def failure_evidence(events: list[dict], *, exclude_session: str | None = None) -> Evidence:
+    """Failures and exposure from run-log events (``exclude_session``: the one running now)."""
+    table = _sessions(events, exclude_session)
+    failures = len(_failed(table, later=exclude_session is not None))
+    exposure_s = sum(t for _, trained, _, t, _ in table if trained)
+    return Evidence(failures=failures, exposure_s=exposure_s, sessions=len(table))
+
+
+def failures_by_class(
+    events: list[dict], *, exclude_session: str, local_found: bool
+) -> dict[str, int]:
+    """The past failures split into ``process`` (the host survived) and ``node`` (it did not).
+
+    The session after a failure says which: its ``start`` records whether it found the run's
+    local tier (``local_found``; for the current session, ``local_found`` here). Found: the
+    host had survived, a process failure (a crash, or a hang ended by a kill); not found: a
+    node loss (or a move to another host, which for the local tier is the same). A failure
+    whose successor recorded nothing (a session without a local tier) counts as a node loss:
+    the class that needs the costlier tier, the safe side.
+    """
+    table = _sessions(events, exclude_session)
+    out = {"process": 0, "node": 0}
+    for i in _failed(table, later=True):
+        found = table[i + 1][4].get("local_found") if i + 1 < len(table) else local_found
+        out["process" if found is True else "node"] += 1
+    return out
 
 
 class RunLog:

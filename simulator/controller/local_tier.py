@@ -1,0 +1,182 @@
+"""The fast local tier: complete checkpoints in host memory or on local NVMe, beside the others.
+
+``AdaptiveCheckpointer(directory, ..., local_dir="/dev/shm/ckpt")`` also saves to a host-local
+directory, which outlives a crash of the training process (the host and its ``/dev/shm`` stay)
+but not the loss of the host. Its checkpoints are made by the very code that makes the
+persistent ones — :func:`~simulator.controller.commit.write_and_commit` through a second
+:class:`~simulator.controller.storage.LocalStorage`: temp directory, CRC-32 manifest last,
+rename, no pickles — kept by the same retention rules (``local_keep_last``: 1, 2 with async
+saves) and chosen at restore by the same :func:`~simulator.controller.commit.choose_checkpoint`
+(a corrupt one is moved aside, one written under another configuration is refused).
+
+Whose copy it is. Each run has an id, made once and kept in the persistent directory
+(``.ckptsim-run``); the local tier of a run is ``<local_dir>/<run id>/``, and each of its
+checkpoints carries the id too. So a stale ``/dev/shm`` left by another job or an earlier run
+in the same ``local_dir`` is never read (it is named in a warning, never deleted), and a
+checkpoint planted in this run's directory with another id is rejected. Whether that directory
+was there when a session started is what the run log records as ``local_found``: the next
+session's evidence of whether the previous one lost a process or its node
+(:func:`simulator.controller.runlog.failures_by_class`).
+
+The choice at restore: the newest intact checkpoint across both tiers — a local one only when
+it is at least as new as the newest persistent one (at equal steps the local copy is the same
+state and the quicker read, the rule of the simulator's ``tiers.rollback``). A local tier that
+is gone (a wiped ``/dev/shm``, a new host) or holds only damaged checkpoints falls back to the
+persistent tier with a warning; when neither tier holds an intact checkpoint but one had
+checkpoints, the restore refuses (:class:`~simulator.controller.integrity.NoIntactCheckpoint`)
+as it does with one tier.
+
+What may go wrong with the local disk never stops training: a local tier that cannot be
+created (a read-only mount), is a symbolic link, or whose save fails (a full ``/dev/shm``) is
+warned about, and the persistent tier carries on alone.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import uuid
+import warnings
+from pathlib import Path
+
+from simulator import ckptio
+from simulator.controller.objstore import is_url
+from simulator.controller.runlog import open_regular
+from simulator.controller.storage import LocalStorage
+from simulator.errors import InputError
+
+__all__ = ["RUN_ID_FILE", "LocalTier", "check_local_dir", "run_id"]
+
+RUN_ID_FILE = ".ckptsim-run"
+"""In the persistent directory: the run's id, made by its first session."""
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+_MAX_BYTES = 4096
+
+
+def check_local_dir(local_dir, directory, *, remote: bool) -> Path:
+    """``local_dir`` as a path, refused in one line where it cannot be a tier of its own."""
+    if is_url(str(local_dir)):
+        raise InputError(
+            f"local_dir must be a host-local path (/dev/shm/..., local NVMe), not {local_dir}"
+        )
+    local = Path(local_dir)
+    if not remote:
+        persistent = Path(directory).resolve()
+        resolved = local.resolve()
+        if resolved == persistent or persistent in resolved.parents:
+            raise InputError(
+                f"local_dir {local} is inside the checkpoint directory {directory}: a local tier "
+                "must be a directory of its own (e.g. /dev/shm/<job>), outside it"
+            )
+    return local
+
+
+def run_id(storage, root, *, remote: bool, create: bool) -> tuple[str | None, str | None]:
+    """(the run's id, None) from the persistent directory, made there on first use when
+    ``create``; (None, why) when it cannot be read or made."""
+    try:
+        data = _read(storage, root, remote=remote)
+    except OSError as exc:
+        return None, f"cannot read {RUN_ID_FILE}: {exc.strerror or exc}"
+    if data is not None:
+        try:
+            value = json.loads(data).get("run_id")
+        except (ValueError, AttributeError, RecursionError):
+            value = None
+        if not isinstance(value, str) or not _RUN_ID.match(value):
+            return None, f"{RUN_ID_FILE} holds no valid run id (remove it to start a new one)"
+        return value, None
+    if not create:
+        return None, f"no {RUN_ID_FILE} (the directory cannot be written)"
+    value = uuid.uuid4().hex
+    body = (json.dumps({"run_id": value}) + "\n").encode()
+    try:
+        if remote:
+            storage.write_bytes(RUN_ID_FILE, body)
+        else:
+            _write_atomically(Path(root) / RUN_ID_FILE, body)
+    except OSError as exc:
+        return None, f"cannot write {RUN_ID_FILE}: {exc.strerror or exc}"
+    return value, None
+
+
+def _read(storage, root, *, remote: bool) -> bytes | None:
+    if remote:
+        try:
+            return storage.read_bytes(RUN_ID_FILE, _MAX_BYTES)
+        except FileNotFoundError:
+            return None
+    try:
+        fd = open_regular(Path(root) / RUN_ID_FILE, os.O_RDONLY)  # never through a symlink
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(_MAX_BYTES + 1)
+    if len(data) > _MAX_BYTES:
+        raise OSError(errno.EFBIG, f"{RUN_ID_FILE} is larger than a run id")
+    return data
+
+
+def _write_atomically(path: Path, body: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    ckptio.fsync_dir(path.parent)
+
+
+class LocalTier:
+    """This run's local tier: ``<local_dir>/<run id>/step-NNNNNNNN``.
+
+    ``found``: the run's directory was there before this session made it (the host kept it).
+    ``disabled``: why this session cannot use it (None: usable).
+    """
+
+    def __init__(self, local_dir: Path, run: str | None, *, keep_last: int, why: str | None):
+        self.base = Path(local_dir)
+        self.run_id = run
+        self.keep_last = keep_last
+        self.root = self.base / (run or "no-run-id")
+        self.storage = LocalStorage(self.root)
+        self.written: set[int] = set()
+        self.disabled = why
+        self.found = False
+        if why is None:
+            self._open()
+        if self.disabled is not None:
+            warnings.warn(
+                f"local tier disabled for this session: {self.disabled}; checkpoints go to the "
+                "persistent tier only",
+                stacklevel=4,
+            )
+
+    def _open(self) -> None:
+        if self.root.is_symlink():
+            self.disabled = f"{self.root} is a symlink; checkpoints are never written through one"
+            return
+        self.found = self.root.is_dir()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.disabled = f"cannot create {self.root}: {exc.strerror or exc}"
+            return
+        others = sorted(
+            p.name for p in self.base.iterdir() if _RUN_ID.match(p.name) and p.name != self.run_id
+        )
+        if others:
+            warnings.warn(
+                f"local_dir {self.base} also holds the local tiers of {len(others)} other run(s) "
+                f"({', '.join(others[:3])}{'...' if len(others) > 3 else ''}): never read by "
+                "this run; remove them to free the space",
+                stacklevel=5,
+            )
+
+    @property
+    def usable(self) -> bool:
+        return self.disabled is None
