@@ -40,6 +40,7 @@ __all__ = [
     "PolicyContext",
     "UsualDefault",
     "Young",
+    "after_the_write",
     "is_steady",
     "make_policy",
     "optimal_fraction",
@@ -142,6 +143,13 @@ class Policy(Protocol):
     name: str
 
     def next_interval_s(self, ctx: PolicyContext) -> float: ...
+
+
+def after_the_write(interval_s: float, write_s: float) -> float:
+    """An asynchronous save's interval: no shorter than its background write, which must end
+    before the next save may start. The one rule the live controller's async clamp, the
+    learning ``ControllerPolicy`` and the tier plan apply."""
+    return max(float(interval_s), float(write_s))
 
 
 def is_steady(policy: Policy) -> bool:

@@ -177,3 +177,70 @@ def test_the_first_order_plan_charges_a_jit_tiers_classes_no_lost_work():
     assert plan["tier_intervals_s"]["persistent"] == pytest.approx(math.sqrt(2 * 10 / node_rate))
     with pytest.raises(InputError, match="jit tier is saved after a failure"):
         Scenario(**{**JIT, "tiers": [dict(JIT["tiers"][0], interval_s=60.0), JIT["tiers"][1]]})
+
+
+def _replay(scenario, schedule, times_h, classes):
+    from simulator.engines.des_tiers import run_tiered
+    from simulator.engines.streams import replica_streams
+    from simulator.model.trace import ClassTrace
+
+    trace = ClassTrace(times_s=np.asarray(times_h) * 3600.0, classes=np.asarray(classes))
+    return run_tiered(scenario, schedule, 1, replica_streams(1), failure_times=trace)
+
+
+def test_a_tier_with_no_copy_counts_from_the_start_so_quicker_failures_cannot_put_it_off():
+    # Process failures every 0.4 h of wall, each restored from memory; the persistent tier is
+    # due every 1 h of compute. Counted from each restore point (the old rule) it was never
+    # due, and the node loss at 5 h lost everything; counted from the start (the controller's
+    # rule, tiers.interval_origin) it is saved as soon as 1 h of work is done.
+    s = Scenario(**{**TWO, "work_h": 6.0})
+    schedule = TierSchedule({"memory": 600.0, "persistent": 3600.0})
+    times = [0.4 * k for k in range(1, 13)] + [5.0]
+    got = _replay(s, schedule, times, ["process"] * 12 + ["node"])
+    assert got["saves_persistent"] >= 2  # during the failures, and at the end
+    assert got["restores_persistent"] == 1
+    assert got["lost_by_node_s"] < 3600.0  # at most an interval back, not to the start
+
+
+def test_interval_origin_is_the_newest_copy_that_serves_the_tiers_failures():
+    from simulator.model.tiers import Tier, interval_origin
+
+    memory = Tier(name="memory", checkpoint_s=1.0, survives=frozenset({"process"}))
+    persistent = Tier(name="persistent", checkpoint_s=9.0, survives=frozenset({"process", "node"}))
+    tiers = [memory, persistent]
+    # Restored from persistent after a node loss: memory counts from that copy.
+    assert interval_origin({"memory": None, "persistent": 50.0}, tiers, "memory") == 50.0
+    # Restored from memory, persistent never saved: persistent counts from the start.
+    assert interval_origin({"memory": 80.0, "persistent": None}, tiers, "persistent") == 0.0
+    assert interval_origin({"memory": 80.0, "persistent": 30.0}, tiers, "persistent") == 30.0
+    assert interval_origin({"memory": 80.0, "persistent": 30.0}, tiers, "memory") == 80.0
+
+
+def test_a_just_in_time_save_written_into_a_tier_is_rolled_back_to_by_its_failures():
+    # A preemption's save on its notice lands in memory (into = "memory"); a process crash
+    # after it rolls back there, not to the older scheduled memory copy.
+    spec = {
+        **TWO,
+        "work_h": 3.0,
+        "failure_classes": [*TWO["failure_classes"], {"name": "preempt", "mtbf_h": 50.0}],
+        "tiers": [
+            {"name": "memory", "checkpoint_s": 0.5, "survives": ["process", "preempt"]},
+            {"name": "persistent", "checkpoint_s": 10.0,
+             "survives": ["process", "node", "preempt"]},
+            {"name": "notice", "jit": True, "checkpoint_s": 1.0, "survives": ["preempt"]},
+        ],
+    }  # fmt: skip
+    schedule = TierSchedule({"memory": 3000.0, "persistent": 9000.0})
+    times, classes = [1.0, 1.1], ["preempt", "process"]
+    plain = _replay(Scenario(**spec), schedule, times, classes)
+    spec["tiers"][2] = {**spec["tiers"][2], "into": "memory"}
+    into = _replay(Scenario(**spec), schedule, times, classes)
+    assert into["lost_by_process_s"] < plain["lost_by_process_s"]
+    assert into["restores_memory"] == plain["restores_memory"] == 1
+    with pytest.raises(InputError, match="into = 'nosuch' names no tier"):
+        spec["tiers"][2] = {**spec["tiers"][2], "into": "nosuch"}
+        Scenario(**spec)
+    with pytest.raises(InputError, match="into names the tier a just-in-time save"):
+        spec["tiers"][2] = {"name": "x", "checkpoint_s": 1.0, "survives": ["preempt"],
+                            "into": "memory"}  # fmt: skip
+        Scenario(**spec)

@@ -17,14 +17,11 @@ SIGTERM to the process gone, paid in the recovery). A preemption whose save cann
 time is killed at the end of the grace period: an ordinary failure whose detection is the
 grace period.
 
-:class:`ControllerTiers` is the tiered job as the live controller runs it, in two points where
-the controller's rule differs from ``des_tiers``': the preemption save lands in a real tier
-(the local one when the persistent save does not fit the grace period), which later failures
-roll back to (the model's ``jit`` copy alone would be lost to the next failure of another
-class); and after a restart a tier with no copy counts its next save from the job's start,
-where ``des_tiers`` counts it from the restore point — so there, process failures more
-frequent than the persistent interval would put off the first persistent save indefinitely,
-while the controller makes it at its due step.
+A committed preemption save is written to a real tier (``into`` of the model's ``jit``
+tier: the local one when the persistent save does not fit the grace period, as the
+controller chooses), so later failures that tier survives roll back to it. After a restart
+each tier counts from ``tiers.interval_origin``, the rule the live controller follows too.
+The simulator runs the job as it is; nothing of the controller is copied here.
 
 Two predictions, as in ``predict``: ``replay`` drives the model with the very failures (time
 and class) a run met; ``expected`` is the Monte-Carlo mean over the clock. Both add the
@@ -39,16 +36,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.controller.tier_schedule import LOCAL, PERSISTENT
-from simulator.engines.des_tiers import TieredClusterJob, class_sources
+from simulator.engines.des_tiers import TieredClusterJob, class_sources, run_tiered
 from simulator.engines.streams import replica_streams
-from simulator.model.failure_source import MergedFailures
 from simulator.model.scenario import Scenario
 from simulator.model.tiers import FailureClass, Tier, TierSchedule
+from simulator.model.trace import ClassTrace
 
 __all__ = [
     "CLASS_ORDER",
     "LOCAL_SURVIVES",
-    "ControllerTiers",
     "TierParams",
     "expected_wall_s",
     "replay_wall_s",
@@ -82,8 +78,10 @@ class TierParams:
     """Whether this policy's preemption saves commit (False: killed at the grace period)."""
 
 
-def scenario_for(p: TierParams, steps: int, tiers: bool) -> Scenario:
-    """The run as the tiered model sees it; ``tiers``: a local tier beside the persistent."""
+def scenario_for(p: TierParams, steps: int, tiers: bool, into: str = PERSISTENT) -> Scenario:
+    """The run as the tiered model sees it; ``tiers``: a local tier beside the persistent;
+    ``into``: the tier a committed preemption save is written to (later failures that tier
+    survives roll back to it)."""
     classes = []
     for name in CLASS_ORDER:
         if name not in p.mtbf_s:
@@ -111,6 +109,7 @@ def scenario_for(p: TierParams, steps: int, tiers: bool) -> Scenario:
                 survives=frozenset({"preemption"}),
                 checkpoint_s=max(p.gone_s.get("preemption", 0.0), 1e-6),
                 jit=True,
+                into=into,
             )
         )
     return Scenario(
@@ -121,46 +120,6 @@ def scenario_for(p: TierParams, steps: int, tiers: bool) -> Scenario:
         tiers=tuple(made),
         failure_classes=tuple(classes),
     )
-
-
-class ControllerTiers(TieredClusterJob):
-    """The tiered job with the live controller's rules after a failure (module docstring).
-
-    A committed preemption save is a checkpoint in ``target`` (the local tier, or the
-    persistent one), which later failures roll back to. After any restart the local tier
-    counts from the restore point and every other tier from its newest copy, or from the
-    job's start when it has none (``TieredSchedule.restart``).
-    """
-
-    def __init__(self, scenario, schedule, failures, rng, *, target: str):
-        super().__init__(scenario, schedule, failures, rng)
-        self.target = target
-        names = [c.name for c in scenario.failure_classes]
-        self.preempt_index = names.index("preemption") if "preemption" in names else None
-
-    def _on_failure(self, cause=0) -> None:
-        super()._on_failure(cause)
-        at = self.done_s
-        committed = self.pending[1] is not None and self.pending[1].jit
-        if self.preempt_index is not None and int(cause) == self.preempt_index and committed:
-            self.copies[self.target] = at
-        for t in self.tiers:
-            copy = self.copies[t.name]
-            self.mark[t.name] = at if t.name == LOCAL else (0.0 if copy is None else copy)
-
-
-class _Listed:
-    """A failure source replaying given times (seconds since the job's start)."""
-
-    def __init__(self, times):
-        self.times = sorted(float(t) for t in times)
-        self.i = 0
-
-    def next_failure_s(self) -> float:
-        if self.i >= len(self.times):
-            return math.inf
-        self.i += 1
-        return self.times[self.i - 1]
 
 
 def _target(p: TierParams, tiers: bool, grace_s: float | None) -> str:
@@ -181,17 +140,13 @@ def replay_wall_s(
 ) -> float:
     """Simulated wall time of one run that met ``failures`` (time after start, class)."""
     tiers = LOCAL in intervals_s
-    scenario = scenario_for(p, steps, tiers)
-    order = [c.name for c in scenario.failure_classes]
-    sources = [_Listed([t for t, c in failures if c == name]) for name in order]
-    job = ControllerTiers(
-        scenario,
-        TierSchedule(dict(intervals_s)),
-        MergedFailures(*sources),
-        np.random.default_rng(0),
-        target=_target(p, tiers, grace_s),
+    scenario = scenario_for(p, steps, tiers, _target(p, tiers, grace_s))
+    trace = ClassTrace(
+        times_s=np.asarray([t for t, _ in failures], dtype=float),
+        classes=np.asarray([c for _, c in failures], dtype=object),
     )
-    return p.startup_s + job.run()["wall_s"]
+    schedule = TierSchedule(dict(intervals_s))
+    return p.startup_s + run_tiered(scenario, schedule, 0, replica_streams(0), trace)["wall_s"]
 
 
 def expected_wall_s(
@@ -205,18 +160,12 @@ def expected_wall_s(
 ) -> tuple[float, float]:
     """(mean, standard deviation) of the wall time over the failure clock, by Monte Carlo."""
     tiers = LOCAL in intervals_s
-    scenario = scenario_for(p, steps, tiers)
+    scenario = scenario_for(p, steps, tiers, _target(p, tiers, grace_s))
     walls = []
     for ss in np.random.SeedSequence(seed).spawn(replicas):
         gpu_rng, node_rng, other_rng = replica_streams(ss)
         source = class_sources(scenario, gpu_rng, node_rng, ss)
-        job = ControllerTiers(
-            scenario,
-            TierSchedule(dict(intervals_s)),
-            source,
-            other_rng,
-            target=_target(p, tiers, grace_s),
-        )
+        job = TieredClusterJob(scenario, TierSchedule(dict(intervals_s)), source, other_rng)
         walls.append(p.startup_s + job.run()["wall_s"])
     w = np.asarray(walls)
     return float(w.mean()), float(w.std(ddof=1)) if w.size > 1 else math.nan

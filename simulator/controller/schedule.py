@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from simulator.controller.estimate import FailureRatePosterior, RunningMean
 from simulator.model.failures import Lifetime
-from simulator.policies import FixedInterval, Policy, PolicyContext
+from simulator.policies import FixedInterval, Policy, PolicyContext, after_the_write
 
 __all__ = [
     "DEFAULT_MTBF_S",
@@ -69,12 +69,6 @@ def learned_context(
         n_components=n_components,
         other_rate_per_s=other_rate_per_s if component is not None else 0.0,
     )
-
-
-def after_the_write(interval_s: float, write_s: float) -> float:
-    """An asynchronous save's interval: no shorter than its background write, which must end
-    before the next save may start (the controller's async clamp)."""
-    return max(float(interval_s), float(write_s))
 
 
 def interval_steps(interval_s: float, iteration_s: float) -> int:

@@ -33,13 +33,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 
 from simulator.controller.estimate import FailureRatePosterior, RunningMean
-from simulator.controller.schedule import (
-    _MIN_CHECKPOINT_S,
-    Schedule,
-    after_the_write,
-    interval_steps,
-)
+from simulator.controller.schedule import _MIN_CHECKPOINT_S, Schedule, interval_steps
 from simulator.errors import InputError
+from simulator.policies import after_the_write
 
 __all__ = [
     "LOCAL",
@@ -155,6 +151,16 @@ def tier_scenario(
     )
 
 
+def _live_tiers():
+    """The two live tiers as the model's objects: what each one's copy outlives."""
+    from simulator.model.tiers import Tier
+
+    return (
+        Tier(name=LOCAL, survives=frozenset({PROCESS}), checkpoint_s=1.0),
+        Tier(name=PERSISTENT, survives=frozenset({PROCESS, NODE}), checkpoint_s=1.0),
+    )
+
+
 class TieredSchedule(Schedule):
     """A :class:`Schedule` with a local tier: each tier's own due step, from the model's plan.
 
@@ -263,12 +269,18 @@ class TieredSchedule(Schedule):
         return self._next(step)
 
     def restart(self, step: int, persistent_step: int, *, age_s: float) -> int:
-        """After a restore at ``step``: the local tier counts from it, the persistent tier from
-        its own newest copy (``persistent_step``), as the tiered simulator's marks do."""
+        """After a restore at ``step`` (the newest copy of either tier): each tier counts from
+        :func:`simulator.model.tiers.interval_origin`, the rule the tiered simulator's marks
+        follow — the local tier from the restore, the persistent tier from its own newest copy
+        (``persistent_step``; 0: none, so from the start)."""
+        from simulator.model.tiers import interval_origin
+
         due = self.next_due(step, age_s=age_s)
-        if not self.needs_probe and persistent_step < step:
+        copies = {LOCAL: step, PERSISTENT: persistent_step or None}
+        origin = int(interval_origin(copies, _live_tiers(), PERSISTENT))
+        if not self.needs_probe and origin < step:
             plan = self.plan_s()
-            self._set_tier(PERSISTENT, persistent_step, plan[PERSISTENT])
+            self._set_tier(PERSISTENT, origin, plan[PERSISTENT])
             self.due[PERSISTENT] = max(self.due[PERSISTENT], step + 1)
             due = self._next(step)
         return due

@@ -37,6 +37,7 @@ from simulator.model.scenario import IMPLICIT_CLASS, Scenario
 from simulator.model.tiers import (
     TierSchedule,
     final_tiers,
+    interval_origin,
     rollback,
     scheduled,
     served_by,
@@ -308,14 +309,15 @@ class TieredClusterJob(ClusterJob):
             at, tier = self.done_s, by
             self.copies[tier.name] = at
             self.counts[f"saves_{tier.name}"] += 1
+            if tier.into is not None:  # written to a scheduled tier: a copy there too
+                self.copies[tier.into] = at
         else:  # the newest surviving copy: the step's, or a scheduled tier's if newer
             at, tier = rollback(self.copies, self.scenario.tiers, name)
         self.t["lost"] += self.done_s - at
         self.counts[f"lost_by_{name}_s"] += self.done_s - at
         self.done_s = at
         for t in self.tiers:
-            copy = self.copies[t.name]
-            self.mark[t.name] = at if copy is None else copy
+            self.mark[t.name] = interval_origin(self.copies, self.tiers, t.name)
         self.committed_s = at
         self.step_base = at
         classes = self.scenario.failure_classes

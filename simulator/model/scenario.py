@@ -221,6 +221,13 @@ class Scenario:
         elif self.tiers and self.tiers[0].implicit:
             object.__setattr__(self, "tiers", ())  # the classes that made it are gone
         names = {c.name for c in self.failure_classes} or {IMPLICIT_CLASS}
+        saved = {t.name for t in self.tiers if not (t.jit or t.every_step)}
+        for t in self.tiers:
+            if t.into is not None and t.into not in saved:
+                raise InputError(
+                    f"tier {t.name!r}: into = {t.into!r} names no tier saved on a schedule "
+                    f"({', '.join(sorted(saved)) or 'none'})"
+                )
         for t in self.tiers:
             unknown = sorted(t.survives - names)
             if unknown:

@@ -131,9 +131,9 @@ def after_writes(scenario, intervals_s: dict[str, float]) -> dict[str, tuple[flo
     """The asynchronous tiers whose background write outlasts their interval: tier name ->
     (the interval, the write), seconds. Such a tier is saved every write instead: a save may
     not start before the previous one's write has landed, the rule the live controller applies
-    (``controller.schedule.after_the_write``; the DES makes the save wait instead, stalling
+    (``policies.after_the_write``; the DES makes the save wait instead, stalling
     training)."""
-    from simulator.controller.schedule import after_the_write  # torch-free: the rule itself
+    from simulator.policies import after_the_write
 
     writers = save_writers(scenario)
     out = {}

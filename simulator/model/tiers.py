@@ -35,6 +35,7 @@ __all__ = [
     "failure_cost_s",
     "final_save_s",
     "final_tiers",
+    "interval_origin",
     "jit_tier",
     "parse_classes",
     "parse_tiers",
@@ -280,6 +281,11 @@ class Tier:
     """Just-in-time (Gupta et al., EuroSys 2024): never saved on a schedule; after a failure
     of a class it survives, the healthy data-parallel replicas save the state they hold (its
     ``checkpoint_s``, paid in the recovery) and the job resumes from it, losing no work."""
+    into: str | None = None
+    """With ``jit``: the scheduled tier the just-in-time save is written to (a preemption's
+    save on its notice lands in host memory or on shared storage), so later failures that tier
+    survives roll back to it as to a save there. None: the copy serves only the classes this
+    tier survives."""
     every_step: bool = False
     """Saved after every training step (Gemini, SOSP 2023: to host memory with a copy on a peer,
     overlapped with training), not on an interval: a failure it survives loses only the step
@@ -328,6 +334,11 @@ class Tier:
             raise InputError(
                 f"{owner}: a jit tier is saved after a failure, not on a schedule: it takes "
                 "neither async nor interval_s"
+            )
+        if self.into is not None and (not self.jit or not isinstance(self.into, str)):
+            raise InputError(
+                f"{owner}: into names the tier a just-in-time save is written to: it needs "
+                f"jit = true and a tier name, got {self.into!r}"
             )
         if self.asynchronous and self.staging_s is None:
             raise InputError(f"{owner}: async needs staging_s (the training stall of a save)")
@@ -653,6 +664,21 @@ def with_measured_tier(scenario, name: str, cost):
         for t in scenario.tiers
     )
     return replace(scenario, tiers=tiers)
+
+
+def interval_origin(copies: dict[str, float | None], tiers, name: str) -> float:
+    """Where tier ``name``'s interval counts from after a restart: the newest copy in it or in
+    a tier whose copy outlives every failure its copy does (that copy serves the same
+    failures, so after a restore from it the tier is not due at once), else the job's start.
+
+    The one rule for the tiered simulator's marks and the live controller's due steps: a
+    memory tier counts from a restore out of persistent storage; a persistent tier with no
+    copy yet counts from the start, so failures the memory tier serves cannot put its first
+    save off for ever.
+    """
+    mine = next(t for t in tiers if t.name == name)
+    held = [copies.get(t.name) for t in tiers if t.survives >= mine.survives]
+    return max((x for x in held if x is not None), default=0.0)
 
 
 _PLANS = frozenset(
