@@ -12,6 +12,7 @@ included.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,7 +226,8 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                 # One untimed write of the state's size first: the first large write after the
                 # state was built is slow for reasons of its own (fresh page-cache memory), and
                 # it would always land on the raw baseline, first in the first repeat.
-                fmt_io.raw_write(work / f"warmup-{size}-{dtype}", ts.tensor_bytes)
+                with _disk_errors_are_the_users(f"the warm-up write ({size} {dtype})", directory):
+                    fmt_io.raw_write(work / f"warmup-{size}-{dtype}", ts.tensor_bytes)
                 shutil.rmtree(work / f"warmup-{size}-{dtype}", ignore_errors=True)
                 for rep in range(cfg.repeats):
                     shift = rep % len(jobs)
@@ -240,15 +243,10 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                             continue
                         row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
                         row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
-                        try:
+                        what = f"the {job} checkpoint ({size} {dtype})"
+                        with _disk_errors_are_the_users(what, directory):
                             where = work / f"{job}-{rep}"
                             state = _measure(job, state, ts.tensor_bytes, where, row)
-                        except OSError as exc:
-                            # A disk that fills up (another job writing) is the user's to fix.
-                            raise InputError(
-                                f"writing the {job} checkpoint ({size} {dtype}) in --dir "
-                                f"{directory} failed: {exc.strerror or exc}"
-                            ) from None
                         samples.append(row)
                         bar.update()
                 del ts, state
@@ -258,11 +256,24 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
             bar.set_postfix_str(f"writers {','.join(map(str, cfg.writers))}")
             largest = max(parse_size(s) for s in cfg.sizes) * int(BYTES_PER_PARAM["fp32"])
             repeats = cfg.repeats if cfg.writer_repeats is None else cfg.writer_repeats
-            samples.extend(run_writers(work, cfg.writers, largest, repeats))
+            with _disk_errors_are_the_users("the concurrent-writer files", directory):
+                samples.extend(run_writers(work, cfg.writers, largest, repeats))
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
     return summarise(samples, notes, machine_facts(directory))
+
+
+@contextlib.contextmanager
+def _disk_errors_are_the_users(what: str, directory: Path) -> Iterator[None]:
+    """Every write in --dir: a disk that fills up under the benchmark (another job writing) or
+    goes away is the user's to fix, a one-line error, never a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise InputError(
+            f"writing {what} in --dir {directory} failed: {exc.strerror or exc}"
+        ) from None
 
 
 def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]) -> Any:
