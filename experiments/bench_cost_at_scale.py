@@ -181,10 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "- Save: `ckptsim` saves the complete training state (weights, AdamW moments, "
         "scheduler, RNG, data position) with `ckptio.write_checkpoint`: a temporary directory, "
-        "the safetensors file written by ckptio itself (the tensors' bytes in 64 MB gather "
-        "writes, `writev`, the raw baseline's size, the CRC-32 (ISA-L) of each slice trailing in "
-        "a thread, the device write-back of each 64 MB started behind it with `sync_file_range`), "
-        "fsync, `meta.json` and the manifest fsync'ed, the directory fsync'ed, renamed, the "
+        "the safetensors file written by the safetensors library straight from the tensors' "
+        "memory, its CRC-32 (ISA-L) computed from that memory in a thread while the file is "
+        "fsync'ed, `meta.json` and the manifest fsync'ed, the directory fsync'ed, renamed, the "
         "parent fsync'ed. The raw baseline writes the same number of bytes from one 64 MB buffer "
         "with `os.write`, then fsyncs the file and its directory. Before the first repeat of "
         "each size one untimed raw write of the state's size (the first large write after the "

@@ -19,12 +19,10 @@ by the file and by fixed limits before anything is allocated. Each refusal is a
 they are no defence against a hostile writer, who can recompute them: what protects a restore
 from one is that loading never executes code (safetensors and JSON only, never a pickle).
 
-ckptio writes the tensor file itself, in the safetensors format (the library reads it back):
-the tensors' bytes go from their memory to the file in 64 MB gather writes (``writev``), the
+The tensor file is written by the safetensors library straight from the tensors' memory; its
 CRC-32 (ISA-L's ``crc32``: the values of ``zlib.crc32`` at ~4x its speed; zlib's where ISA-L
-has no wheel) of each slice is computed in a thread as it is written, and the device
-write-back of each 64 MB starts as soon as it is in the page cache (``sync_file_range``), so
-the closing fsync waits for little. A restore allocates every tensor and fills them with 64 MB
+has no wheel) is computed from that memory in a thread while the file is flushed to the device.
+A restore allocates every tensor and fills them with 64 MB
 scatter reads (``readv``) straight into their buffers (no file mapping, whose page faults read
 a cold file at a fraction of the disk's speed), checks the CRC-32 of each slice in a thread
 while the next is read, and maps the fresh buffers' pages in another thread ahead of the reads
