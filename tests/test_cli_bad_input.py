@@ -15,22 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from simulator.cli import main
+from _cli import run_cli
 
 PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 JOB = ["--mtbf-h", "3", "--work-h", "10", "--replicas", "3", "--workers", "1"]
-
-
-def run_cli(capsys, *argv):
-    """(status, stdout, stderr) of ``ckptsim ARGV`` run in this process."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's own errors exit from inside parse_args
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line_error(code, err, fragment):
@@ -230,7 +219,9 @@ def test_ctrl_c_stops_worker_processes_at_once_and_keeps_no_output(tmp_path, com
         proc.kill()
     err = err.decode()
     assert proc.returncode == 130, err
-    assert took < 3.0, f"took {took:.1f} s to stop"
+    # The whole run is minutes of work: stopping in seconds means the workers were stopped, not
+    # waited for. (3 s held on a quiet machine; 3.7 s was seen with another job on both cores.)
+    assert took < 6.0, f"took {took:.1f} s to stop"
     assert "Traceback" not in err
     assert err.strip().splitlines() == ["ckptsim: interrupted"]
     assert not out.exists() and not list(tmp_path.iterdir())

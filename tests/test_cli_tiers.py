@@ -7,9 +7,9 @@ import math
 import textwrap
 
 import pytest
+from _cli import run_cli as run
 
 from simulator import analytic
-from simulator.cli import main
 from simulator.model.scenario import load_scenario
 from simulator.model.tier_plan import closed_form_plan
 from simulator.model.tiers import first_order_plan
@@ -39,15 +39,6 @@ checkpoint_s = 60
 restore_s = 120
 survives = ["process", "node"]
 """
-
-
-def run(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cli import run_cli as run
 
-from simulator.cli import main
 from simulator.model.scenario import Scenario, load_scenario
 from simulator.model.tier_plan import first_order_plan, single_tier_plan
 from simulator.model.tiers import TierSchedule
@@ -21,15 +21,6 @@ from simulator.tier_recommend import recommend_tiers
 from simulator.tier_search import evaluate_schedules
 
 JOB = dict(gpus=16384, gpus_per_node=8, restart_s=600.0, work_h=1296.0, usd_per_gpu_hour=2.0)
-
-
-def run(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- every failure needs the persistent tier: exactly today's single-tier optimum -------------

@@ -9,8 +9,8 @@ import textwrap
 import numpy as np
 import pandas as pd
 import pytest
+from _cli import run_cli as cli
 
-from simulator.cli import main
 from simulator.errors import InputError
 from simulator.model.trace import ClassTrace, TraceStart, classes_of, read_causes
 
@@ -42,15 +42,6 @@ survives = ["process", "node"]
 CAUSES = ("GPU HBM3", "Software bug", "Network switch")
 MAP = ["--cause-class", "GPU HBM3=node", "--cause-class", "Software bug=process",
        "--cause-class", "Network switch=node"]  # fmt: skip
-
-
-def cli(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
