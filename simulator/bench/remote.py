@@ -67,7 +67,7 @@ def run_remote_benchmark(cfg, *, progress: bool = True):
     """Measure every (size, dtype, format) ``cfg.repeats`` times at the URL ``cfg.directory``."""
     from tqdm import tqdm
 
-    from simulator.bench.runner import check_resources, machine_facts, summarise
+    from simulator.bench.runner import check_resources, interleaved, machine_facts, summarise
 
     check_remote(cfg)
     storage = open_remote(str(cfg.directory))
@@ -84,22 +84,20 @@ def run_remote_benchmark(cfg, *, progress: bool = True):
                 bar.set_postfix_str(f"{size} {dtype}: building state")
                 ts = build_state(parse_size(size), dtype=dtype, seed=cfg.seed)
                 state = ts.state
-                for rep in range(cfg.repeats):
-                    shift = rep % len(jobs)
-                    for job in jobs[shift:] + jobs[:shift]:
-                        bar.set_postfix_str(f"{size} {dtype} {job}")
-                        row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
-                        row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
-                        name = f"{work}/{job}-{rep}"
-                        try:
-                            state = _measure(job, state, ts.tensor_bytes, storage, name, row)
-                        except OSError as exc:
-                            raise InputError(
-                                f"the {job} checkpoint ({size} {dtype}) at {cfg.directory} "
-                                f"failed: {exc.strerror or exc}"
-                            ) from None
-                        samples.append(row)
-                        bar.update()
+                for rep, job in interleaved(jobs, cfg.repeats):
+                    bar.set_postfix_str(f"{size} {dtype} {job}")
+                    row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
+                    row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
+                    name = f"{work}/{job}-{rep}"
+                    try:
+                        state = _measure(job, state, ts.tensor_bytes, storage, name, row)
+                    except OSError as exc:
+                        raise InputError(
+                            f"the {job} checkpoint ({size} {dtype}) at {cfg.directory} "
+                            f"failed: {exc.strerror or exc}"
+                        ) from None
+                    samples.append(row)
+                    bar.update()
                 del ts, state
     finally:
         bar.close()

@@ -229,26 +229,23 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                 with _disk_errors_are_the_users(f"the warm-up write ({size} {dtype})", directory):
                     fmt_io.raw_write(work / f"warmup-{size}-{dtype}", ts.tensor_bytes)
                 shutil.rmtree(work / f"warmup-{size}-{dtype}", ignore_errors=True)
-                for rep in range(cfg.repeats):
-                    shift = rep % len(jobs)
-                    for job in jobs[shift:] + jobs[:shift]:
-                        bar.set_postfix_str(f"{size} {dtype} {job}")
-                        if job in fmt_io.COPYING and not roomy:
-                            note = (
-                                f"{job} skipped at {size} {dtype}: a second copy won't fit in RAM"
-                            )
-                            if note not in notes:
-                                notes.append(note)
-                            bar.update()
-                            continue
-                        row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
-                        row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
-                        what = f"the {job} checkpoint ({size} {dtype})"
-                        with _disk_errors_are_the_users(what, directory):
-                            where = work / f"{job}-{rep}"
-                            state = _measure(job, state, ts.tensor_bytes, where, row)
-                        samples.append(row)
+                for rep, job in interleaved(jobs, cfg.repeats):
+                    bar.set_postfix_str(f"{size} {dtype} {job}")
+                    if job in fmt_io.COPYING and not roomy:
+                        note = f"{job} skipped at {size} {dtype}: a second copy won't fit in RAM"
+                        if note not in notes:
+                            notes.append(note)
                         bar.update()
+                        continue
+                    row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
+                    row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
+                    with _disk_errors_are_the_users(
+                        f"the {job} checkpoint ({size} {dtype})", directory
+                    ):
+                        where = work / f"{job}-{rep}"
+                        state = _measure(job, state, ts.tensor_bytes, where, row)
+                    samples.append(row)
+                    bar.update()
                 del ts, state
         if cfg.writers:
             from simulator.bench.writers import run_writers
@@ -262,6 +259,15 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
     return summarise(samples, notes, machine_facts(directory))
+
+
+def interleaved(jobs: list[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """(repeat, job) for every job once per repeat, each repeat starting one job later, so no
+    format always follows the same one (the page cache and the disk's write-back carry over)."""
+    for rep in range(repeats):
+        shift = rep % len(jobs)
+        for job in jobs[shift:] + jobs[:shift]:
+            yield rep, job
 
 
 @contextlib.contextmanager
