@@ -256,6 +256,53 @@ def test_an_async_save_is_complete_after_close_and_restores_exactly(tmp_path):
     assert ck.stats["write_s"] > 0 and ck.stats["save_stall_s"] > 0
 
 
+def _weight_buffer(ck):
+    buffers, _ = ck._staging
+    return next(t for k, t in buffers.items() if k.endswith("0.weight") and "model" in k)
+
+
+def test_async_saves_copy_into_the_last_saves_buffers_once_its_write_is_over(tmp_path):
+    model, opt, sched = make_run()
+    ck = checkpointer(tmp_path, model, opt, sched, async_save=True, keep_last=5)
+    saved = {}
+    for step in (1, 2, 3):
+        train(model, opt, sched)
+        ck.save(step)  # waits for the previous write first, then stages into its buffers
+        saved[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        if step == 1:
+            first = _weight_buffer(ck)  # held: its memory cannot come back as a fresh buffer
+    assert _weight_buffer(ck) is first  # one set of buffers, copied into again
+    ck.close(finished=False)
+    # Reusing them changed no committed checkpoint: each holds its own step's weights.
+    for step, weights in saved.items():
+        tensors, _ = ckptio.read_checkpoint(tmp_path / checkpoint_name(step))
+        held = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+        assert held and all(torch.equal(held[k], v) for k, v in weights.items())
+    assert ck._staging is None  # closed: the buffers' memory is given back
+
+
+def test_a_write_still_running_keeps_its_buffers_and_the_next_save_stages_into_fresh_ones(
+    tmp_path,
+):
+    from concurrent.futures import Future
+
+    model, opt, sched = make_run()
+    ck = checkpointer(tmp_path, model, opt, sched, async_save=True)
+    ck.save(1)
+    ck._finish_inflight()
+    buffers, _ = ck._staging
+    # As after a wait that was interrupted (Ctrl-C inside future.result()): the write that
+    # reads these buffers has not finished, and nothing waits for it any more.
+    ck._staging = (buffers, Future())
+    train(model, opt, sched)
+    ck.save(2)
+    assert (
+        _weight_buffer(ck).data_ptr()
+        != next(t for k, t in buffers.items() if k.endswith("0.weight") and "model" in k).data_ptr()
+    )
+    ck.close(finished=False)
+
+
 def test_saving_a_step_that_exists_replaces_it_only_once_the_new_one_is_complete(tmp_path):
     model, opt, sched = make_run()
     with checkpointer(tmp_path, model, opt, sched) as ck:

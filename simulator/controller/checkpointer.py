@@ -361,6 +361,9 @@ class AdaptiveCheckpointer(TierMixin):
         self._inflight: Future | None = None
         self._inflight_step: int | None = None
         self._inflight_tier = PERSISTENT
+        # The last async save's staging buffers and the write that reads them: copied into
+        # again by the next async save only once that write is over (never while it may read).
+        self._staging: tuple[dict, Future] | None = None
         self._write_failed = False
         self._mark_step = 0
         self._mark_t = clock()
@@ -494,9 +497,10 @@ class AdaptiveCheckpointer(TierMixin):
             self._add_tier_state(state)
             state = reduce_state(state, self.optimizer_precision)
             if self.async_save and not self._sync_only:
-                staged = stage(state)
+                staged, buffers = stage(state, reuse=self._free_staging())
                 self._inflight_step, self._inflight_tier = step, tier
                 self._inflight = self._pool().submit(self._write_in_background, step, staged, tier)
+                self._staging = (buffers, self._inflight)
             else:
                 self._write_and_commit(step, state, tier)
         except Exception as exc:  # reported below, after the schedule has moved on
@@ -560,6 +564,14 @@ class AdaptiveCheckpointer(TierMixin):
             pending["next_due_step"],
             extra={"step": step, "tier": tier, **pending},
         )
+
+    def _free_staging(self) -> dict | None:
+        """The previous async save's staging buffers if its write is over, else None (fresh
+        buffers: a write still running, e.g. after an interrupted wait, must keep its own)."""
+        if self._staging is None:
+            return None
+        buffers, writer = self._staging
+        return buffers if writer.done() else None
 
     def _write_in_background(self, step: int, state: dict, tier: str = PERSISTENT) -> None:
         try:
@@ -903,6 +915,7 @@ class AdaptiveCheckpointer(TierMixin):
         self._restore_signal_handlers()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        self._staging = None  # the staging buffers' memory goes back
         if event is not None:
             self.runlog.append(event, session_s=self.clock() - self._session_start, **fields)
         self._lock.release()

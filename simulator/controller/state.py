@@ -319,14 +319,18 @@ def _not_fitting(name: str) -> Iterator[None]:
         ) from exc
 
 
-def stage(state: Any) -> Any:
+def stage(state: Any, *, reuse: dict | None = None) -> tuple[Any, dict]:
     """A snapshot of ``state`` that training can no longer change: the stall of an async save.
 
     Tensors are copied to CPU by :func:`simulator.ckptio.stage` (pinned memory for CUDA);
-    everything else is rebuilt from its JSON form, which is a deep copy.
+    everything else is rebuilt from its JSON form, which is a deep copy. Returns the snapshot
+    and its flat tensors; those, passed back as ``reuse`` once nothing reads them any more
+    (the previous background write has finished), are copied into again where names, shapes
+    and dtypes match, instead of fresh memory (page faults on a CPU, page-locking for CUDA).
     """
     tensors, tree = flatten(state)
-    return unflatten(ckptio.stage(tensors), tree)
+    staged = ckptio.stage(tensors, out=reuse)
+    return unflatten(staged, tree), staged
 
 
 # -- flatten / unflatten ----------------------------------------------------------------------
