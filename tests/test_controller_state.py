@@ -101,7 +101,7 @@ def test_an_object_that_would_need_pickle_is_refused_with_its_path():
 
 def test_restored_rng_states_replay_the_same_draws_everywhere():
     model = torch.nn.Linear(3, 3)
-    state = stage(capture_state(step=7, model=model))
+    state, _ = stage(capture_state(step=7, model=model))
 
     def draws():
         return (
@@ -120,7 +120,7 @@ def test_a_staged_snapshot_does_not_follow_later_training():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    snap = stage(capture_state(step=1, model=model, optimizer=opt))
+    snap, _ = stage(capture_state(step=1, model=model, optimizer=opt))
     before = snap["model"]["weight"].clone()
     with torch.no_grad():
         model.weight.add_(1.0)
