@@ -308,6 +308,28 @@ def test_the_tier_budget_lets_a_routine_search_run_and_counts_stalls_against_the
     assert 0.45 < json.loads(out)["waste_fraction_mean"] < 0.6  # the DES: about half the wall
 
 
+def test_a_heavily_failing_job_runs_with_tier_tables_as_it_does_without(capsys, tmp_path):
+    # An MTBF of 586 s against a 600 s restart: the first-order charge passes 1, where the
+    # budget's old (1 + S)/(1 - F) had a pole and refused the job as "no headway" although
+    # the same job without tables ran (the untiered budget uses Daly's exact wall time).
+    job = "gpus = 1024\ngpus_per_node = 8\nwork_h = 5\nusd_per_gpu_hour = 2\n"
+    tiered = tmp_path / "tiered.toml"
+    tiered.write_text(
+        job + '[[failure_class]]\nname = "f"\nmtbf_h = 0.16276\nrestart_s = 600\n'
+        '[[tier]]\nname = "p"\ncheckpoint_s = 60\nsurvives = ["f"]\n'
+    )
+    flat = tmp_path / "flat.toml"
+    flat.write_text(job + "mtbf_h = 0.16276\nrestart_s = 600\ncheckpoint_s = 60\n")
+    walls = {}
+    for path, flags in ((tiered, ["--tier-interval-s", "p=300"]), (flat, ["--interval-s", "300"])):
+        code, out, err = run(capsys, "simulate", "--scenario", str(path), *flags,
+                             "--replicas", "8", "--workers", "1", "--json")  # fmt: skip
+        assert code == 0, err
+        walls[path.stem] = json.loads(out)["wall_h_mean"]
+    assert walls["tiered"] == pytest.approx(walls["flat"], rel=0.35)  # the same job, ~25 h
+    assert walls["flat"] > 3 * 5
+
+
 # -- storage: the retained copies of the tiers the price applies to ---------------------------
 def test_the_storage_bill_counts_each_persistent_tiers_retained_copies():
     from simulator.model.money import storage_usd_per_day

@@ -182,13 +182,24 @@ def _stalls(scenario, intervals_s: dict[str, float]) -> float:
 
 
 def wall_per_work(scenario, intervals_s: dict[str, float]) -> float:
-    """Expected wall seconds per second of work at these intervals, (1 + S) / (1 − F): the
-    stalls S grow with the compute (``_stalls``), the failures' lost work and recovery F
-    (``_charges``) take their share of the wall time; inf when F reaches 1. Unlike the
-    first-order sum S + F it stays finite where the stalls alone outgrow the compute (a save
-    every 2 s that stalls 2 s: twice the work, not "no headway"). The budget's wall time."""
-    lost = sum(rate * (lost + cost) for rate, lost, cost in _charges(scenario, intervals_s))
-    return (1.0 + _stalls(scenario, intervals_s)) / (1.0 - lost) if lost < 1.0 else math.inf
+    """Expected wall seconds per second of work at these intervals, the budget's wall time:
+    (1 + S) · Π_c e^(λ_c·R_c) · (e^(λ_c·τ_c) − 1) / (λ_c·τ_c). The stalls S grow with the
+    compute (``_stalls``); each failure class c, at rate λ_c, costs its recovery R_c and rolls
+    back over τ_c, twice its expected lost work (``_charges``: the interval of the tier it
+    returns to, the whole work when none is saved on a schedule, nothing for a just-in-time
+    tier). Each factor is Daly's exact one for exponential failures striking one segment, so a
+    heavy load grows the wall time exponentially, never to a pole; for light loads the product
+    is 1 + Σ λ_c·(τ_c/2 + R_c), the first order. inf only where it overflows a float."""
+    log_factor = 0.0
+    for rate, lost, cost in _charges(scenario, intervals_s):
+        y = 2.0 * rate * lost
+        if y > 700.0:  # (e^y − 1)/y overflows; its log is y − log y to double precision
+            log_factor += rate * cost + y - math.log(y)
+        else:
+            log_factor += rate * cost + (math.log(math.expm1(y) / y) if y > 0.0 else 0.0)
+    if log_factor > 700.0:
+        return math.inf
+    return (1.0 + _stalls(scenario, intervals_s)) * math.exp(log_factor)
 
 
 def _charges(scenario, intervals_s: dict[str, float]):
