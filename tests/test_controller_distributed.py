@@ -394,6 +394,21 @@ def test_non_tensor_values_come_back_with_their_types(one_rank, tmp_path):
     assert torch.equal(got["w"], torch.arange(4.0))
 
 
+@pytest.mark.parametrize("own", [False, True], ids=["shared", "rank-own"])
+def test_entries_the_template_lacks_come_back_at_the_top_level_too(one_rank, tmp_path, own):
+    # The controller's estimates and the local tier's run id are saved but not in a fresh
+    # run's template; dcp.load copies the dict's top level, so they once vanished there.
+    from simulator.controller.distributed import DistributedBackend
+
+    backend = DistributedBackend()
+    write, read = (backend.write_own, backend.read_own) if own else (backend.write, backend.read)
+    saved = {"w": torch.arange(3.0), "controller": {"stall_s": 1.5}, "tiered": {"run_id": "ab"}}
+    write(tmp_path / "ck", {**saved, "step": 4})
+    got = read(tmp_path / "ck", {"w": torch.zeros(3), "step": 0})
+    assert got["controller"] == {"stall_s": 1.5} and got["tiered"] == {"run_id": "ab"}
+    assert got["step"] == 4 and torch.equal(got["w"], torch.arange(3.0))
+
+
 def test_importing_the_controller_and_its_integrations_loads_no_framework():
     code = (
         "import sys, simulator.controller, simulator.controller.distributed;"

@@ -167,7 +167,11 @@ class AdaptiveCheckpointer(TierMixin):
     copy across both tiers and says which (:mod:`simulator.controller.local_tier`). ``policy``
     is then None (each tier's interval from the model's first-order tier plan at the measured
     costs and per-class failure rates: :mod:`simulator.controller.tier_schedule`) or a
-    :class:`simulator.model.tiers.TierSchedule` of both tiers' intervals. Local backend only.
+    :class:`simulator.model.tiers.TierSchedule` of both tiers' intervals. Under torch.distributed
+    (:class:`~simulator.controller.distributed.DistributedBackend`) each rank keeps its own
+    snapshot and a copy of its ring predecessor's, and restore gathers each rank's from wherever
+    it survives (:mod:`simulator.controller.local_ring`); ``{rank}`` in ``local_dir`` is
+    replaced by the rank.
 
     ``allow_fresh_start``: when the directory holds checkpoints but none is intact, restore
     from step 0 with a warning instead of raising :class:`NoIntactCheckpoint`.
@@ -496,7 +500,8 @@ class AdaptiveCheckpointer(TierMixin):
             state["controller"] = vars(self.schedule.estimates())
             self._add_tier_state(state)
             state = reduce_state(state, self.optimizer_precision)
-            if self.async_save and not self._sync_only:
+            # A ring's local save exchanges copies between ranks: on the training thread.
+            if self.async_save and not self._sync_only and not (tier == LOCAL and self._ring):
                 staged, buffers = stage(state, reuse=self._free_staging())
                 self._inflight_step, self._inflight_tier = step, tier
                 self._inflight = self._pool().submit(self._write_in_background, step, staged, tier)
@@ -681,15 +686,20 @@ class AdaptiveCheckpointer(TierMixin):
             template = capture_state(
                 step=0, config=self.config, backend=self.backend, **self._objects
             )
-            try:
-                local = store.local_copy(name)
-                state = check_state(self.backend.read(local, template), where=name)
-                state, lost = expand_state(state, where=name)
-            except CorruptCheckpoint as exc:
-                if self.backend.world_size > 1:
-                    raise  # verified by rank 0 yet unreadable here: no silent divergence
-                self._reject(name, "corrupt", str(exc))
-                continue
+            if self._restore_tier == LOCAL and self._ring is not None:
+                state, lost = self._ring_state(name, template), None  # checked by every rank
+                if state is None:
+                    continue
+            else:
+                try:
+                    local = store.local_copy(name)
+                    state = check_state(self.backend.read(local, template), where=name)
+                    state, lost = expand_state(state, where=name)
+                except CorruptCheckpoint as exc:
+                    if self.backend.world_size > 1:
+                        raise  # verified by rank 0 yet unreadable here: no silent divergence
+                    self._reject(name, "corrupt", str(exc))
+                    continue
             # A distributed checkpoint's step is known only now; every rank reads the same.
             mismatch = misnamed(name, state.get("step"))
             if mismatch is not None:
@@ -751,14 +761,17 @@ class AdaptiveCheckpointer(TierMixin):
         self._rejected_in_place.discard(name)
 
     def _choose_everywhere(self) -> str | None:
-        """Rank 0 chooses; every rank gets the choice, or raises the same refusal."""
+        """Rank 0 chooses; every rank gets the choice and its tier, or raises the same
+        refusal. (With a ring of local tiers the ranks first agree on what it holds.)"""
         choice, error = None, None
+        self._agree_ring()
         if self.backend.rank == 0:
             try:
                 choice = self._choose()
             except (IncompatibleCheckpoint, NoIntactCheckpoint) as exc:
                 error = (isinstance(exc, NoIntactCheckpoint), str(exc))
-        choice, error = self.backend.broadcast((choice, error))
+        choice, tier, error = self.backend.broadcast((choice, self._restore_tier, error))
+        self._restore_tier = tier
         if error is not None:
             raise (NoIntactCheckpoint if error[0] else IncompatibleCheckpoint)(error[1])
         return choice
@@ -1017,6 +1030,8 @@ class AdaptiveCheckpointer(TierMixin):
         """
         signum = self._agreed if self._agreed is not None else self._signalled
         tier = self._preemption_tier(step)
+        if self.backend.world_size > 1:
+            tier = self.backend.broadcast(tier)  # rank 0's clock decides, as for the step
         if self._saved_in(tier) != step:
             self.save(step, tier=tier)
         self._finish_inflight()

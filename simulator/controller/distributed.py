@@ -22,13 +22,20 @@ is on storage. :class:`DistributedBackend` fills the controller's ``Backend`` se
   into strings); ``model_state_dict``/``load_model_state_dict`` offer torch's
   ``get_state_dict``/``set_state_dict`` (FQN keys, DDP/FSDP wrappers) for sharded models.
 
+* for the local tier, :meth:`DistributedBackend.write_own` writes one rank's part alone
+  (DCP with ``no_dist``: nothing deduplicated, its own ``.metadata``) and
+  :meth:`DistributedBackend.read_own` reads it back, with the same refusals
+  (:mod:`simulator.controller.local_ring` keeps these snapshots and their partners' copies).
+
 The checkpointer owns atomicity around this (temp dir, per-rank markers, manifest, rename).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +179,16 @@ def _completing_planner(rank: int):
     return CompletingLoadPlanner()
 
 
+@contextmanager
+def _quiet_single_process(own: bool):
+    """Without DCP's warning that it assumes one process: for a rank's own snapshot
+    (``no_dist``) that is the intent."""
+    with warnings.catch_warnings():
+        if own:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 class DistributedBackend:
     """The controller's Backend for a job under torch.distributed (any process group backend).
 
@@ -258,15 +275,34 @@ class DistributedBackend:
         Collective: all ranks call it with the same ``tmp_dir``. Returns once DCP's metadata
         (the record that all ranks' writes completed) is on storage.
         """
+        self._save(Path(tmp_dir), state, own=False)
+
+    def write_own(self, tmp_dir: Path, state: dict) -> None:
+        """This rank alone writes everything it needs to load its part into ``tmp_dir`` (a
+        directory of its own, on its host: the local tier, :mod:`~.local_ring`).
+
+        Not collective: DCP runs without the process group (``no_dist``), so nothing is
+        deduplicated against other ranks (a replicated tensor is in every rank's copy) and this
+        rank writes its own ``.metadata``. A DTensor shard is written as this rank's chunk of
+        the global tensor, so the copy loads back into the same layout (the same world size).
+        """
+        self._save(Path(tmp_dir), state, own=True)
+
+    def _save(self, tmp_dir: Path, state: dict, *, own: bool) -> None:
         import torch.distributed.checkpoint as dcp
 
-        tmp_dir = Path(tmp_dir)
         writer = dcp.FileSystemWriter(
             tmp_dir, sync_files=True, single_file_per_rank=True, thread_count=self.thread_count
         )
-        dcp.save(_encode(self._split(state)), storage_writer=writer, process_group=self.group)
-        if self.rank == 0:
-            ckptio.fsync_dir(Path(tmp_dir))
+        with _quiet_single_process(own):
+            dcp.save(
+                _encode(self._split(state)),
+                storage_writer=writer,
+                process_group=self.group,
+                no_dist=own,
+            )
+        if own or self.rank == 0:
+            ckptio.fsync_dir(tmp_dir)
 
     def read(self, ckpt_dir: Path, template: dict) -> dict:
         """The state saved in ``ckpt_dir``, loaded into ``template`` where it has the entries.
@@ -274,24 +310,34 @@ class DistributedBackend:
         Collective. Returns the nested state dict (this rank's per-rank values back at the
         top level), including entries the template lacks.
         """
+        return self._load(Path(ckpt_dir), template, own=False)
+
+    def read_own(self, ckpt_dir: Path, template: dict) -> dict:
+        """What :meth:`write_own` wrote, read by this rank alone (not collective); as
+        :meth:`read` otherwise (the same refusals)."""
+        return self._load(Path(ckpt_dir), template, own=True)
+
+    def _load(self, ckpt_dir: Path, template: dict, *, own: bool) -> dict:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
         from simulator.controller.integrity import CorruptCheckpoint, UnsafeCheckpoint
 
-        ckpt_dir = Path(ckpt_dir)
         if not (ckpt_dir / ".metadata").is_file():
             raise CorruptCheckpoint(f"{ckpt_dir.name}: no DCP .metadata (incomplete write)")
         # Read (and vet) here: inside dcp.load a refusal would be swallowed into a fallback.
         metadata = load_metadata(ckpt_dir)
         state = _encode(self._split(template))
+        planner = _completing_planner(self.rank)
         try:
-            dcp.load(
-                state,
-                storage_reader=_safe_reader(ckpt_dir, metadata),
-                planner=_completing_planner(self.rank),
-                process_group=self.group,
-            )
+            with _quiet_single_process(own):
+                dcp.load(
+                    state,
+                    storage_reader=_safe_reader(ckpt_dir, metadata),
+                    planner=planner,
+                    process_group=self.group,
+                    no_dist=own,
+                )
         except CheckpointException as exc:
             # DCP gathers every rank's exception; an unsafe pickle is a refusal, not damage.
             for failure in getattr(exc, "failures", {}).values():
@@ -303,6 +349,10 @@ class DistributedBackend:
             raise
         except (OSError, ValueError, RuntimeError, EOFError) as exc:
             raise CorruptCheckpoint(f"{ckpt_dir.name}: DCP cannot read it ({exc})") from None
+        # dcp.load copies the top level of the dict it is given, so the entries the planner
+        # added there (``controller``, ``tiered``: saved, absent from the template) are only in
+        # the planner's own copy, which also holds everything loaded in place.
+        state = planner.original_state_dict
         try:
             state = _optimizer_int_keys(_decode(state))
         except (ValueError, RecursionError) as exc:  # a JSON leaf that does not parse

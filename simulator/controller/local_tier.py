@@ -26,6 +26,10 @@ persistent tier with a warning; when neither tier holds an intact checkpoint but
 checkpoints, the restore refuses (:class:`~simulator.controller.integrity.NoIntactCheckpoint`)
 as it does with one tier.
 
+Under torch.distributed each rank's checkpoints are in ``<local_dir>/<run id>/rank-<r>/`` and
+a copy of another rank's beside them (:mod:`simulator.controller.local_ring`); ``{rank}`` in
+``local_dir`` is replaced by the rank.
+
 What may go wrong with the local disk never stops training: a local tier that cannot be
 created (a read-only mount), is a symbolic link, or whose save fails (a full ``/dev/shm``) is
 warned about, and the persistent tier carries on alone.
@@ -47,7 +51,7 @@ from simulator.controller.runlog import open_regular
 from simulator.controller.storage import LocalStorage
 from simulator.errors import InputError
 
-__all__ = ["RUN_ID_FILE", "LocalTier", "check_local_dir", "run_id"]
+__all__ = ["RANK_FIELD", "RUN_ID_FILE", "LocalTier", "check_local_dir", "run_id"]
 
 RUN_ID_FILE = ".ckptsim-run"
 """In the persistent directory: the run's id, made by its first session."""
@@ -55,13 +59,19 @@ _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _MAX_BYTES = 4096
 
 
-def check_local_dir(local_dir, directory, *, remote: bool) -> Path:
-    """``local_dir`` as a path, refused in one line where it cannot be a tier of its own."""
+RANK_FIELD = "{rank}"
+"""In ``local_dir``: replaced by the process's rank (one directory per rank, e.g. to give each
+rank of a one-host test a "host" of its own)."""
+
+
+def check_local_dir(local_dir, directory, *, remote: bool, rank: int = 0) -> Path:
+    """``local_dir`` as a path (``{rank}`` replaced by ``rank``), refused in one line where it
+    cannot be a tier of its own."""
     if is_url(str(local_dir)):
         raise InputError(
             f"local_dir must be a host-local path (/dev/shm/..., local NVMe), not {local_dir}"
         )
-    local = Path(local_dir)
+    local = Path(str(local_dir).replace(RANK_FIELD, str(int(rank))))
     if not remote:
         persistent = Path(directory).resolve()
         resolved = local.resolve()
@@ -134,16 +144,29 @@ def _write_atomically(path: Path, body: bytes) -> None:
 class LocalTier:
     """This run's local tier: ``<local_dir>/<run id>/step-NNNNNNNN``.
 
-    ``found``: the run's directory was there before this session made it (the host kept it).
-    ``disabled``: why this session cannot use it (None: usable).
+    Under torch.distributed (``sub="rank-<r>"``) each rank's own checkpoints are in
+    ``<local_dir>/<run id>/rank-<r>/`` instead, so ranks sharing a host never collide
+    (:mod:`simulator.controller.local_ring` keeps the partners' copies beside them).
+
+    ``found``: the run's directory (the rank's, with ``sub``) was there before this session
+    made it (the host kept it). ``disabled``: why this session cannot use it (None: usable).
     """
 
-    def __init__(self, local_dir: Path, run: str | None, *, keep_last: int, why: str | None):
+    def __init__(
+        self,
+        local_dir: Path,
+        run: str | None,
+        *,
+        keep_last: int,
+        why: str | None,
+        sub: str | None = None,
+    ):
         self.base = Path(local_dir)
         self.run_id = run
         self.keep_last = keep_last
         self.root = self.base / (run or "no-run-id")
-        self.storage = LocalStorage(self.root)
+        self.dir = self.root / sub if sub else self.root
+        self.storage = LocalStorage(self.dir)
         self.written: set[int] = set()
         self.disabled = why
         self.found = False
@@ -157,14 +180,15 @@ class LocalTier:
             )
 
     def _open(self) -> None:
-        if self.root.is_symlink():
-            self.disabled = f"{self.root} is a symlink; checkpoints are never written through one"
-            return
-        self.found = self.root.is_dir()
+        for path in dict.fromkeys((self.root, self.dir)):
+            if path.is_symlink():
+                self.disabled = f"{path} is a symlink; checkpoints are never written through one"
+                return
+        self.found = self.dir.is_dir()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            self.disabled = f"cannot create {self.root}: {exc.strerror or exc}"
+            self.disabled = f"cannot create {self.dir}: {exc.strerror or exc}"
             return
         others = sorted(
             p.name for p in self.base.iterdir() if _RUN_ID.match(p.name) and p.name != self.run_id

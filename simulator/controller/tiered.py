@@ -4,7 +4,9 @@ The checkpointer's save, restore and preemption paths ask these methods the few 
 that differ with a second tier (:mod:`simulator.controller.local_tier` says what the tier is):
 which storage a checkpoint is in, which tiers are due, which tier to restore from and which to
 save to when preempted. Without ``local_dir`` every answer is the single-tier one, so that path
-runs exactly as it did.
+runs exactly as it did. Under torch.distributed rank 0's answers (the tiers due, the tier a
+preemption saves to) are broadcast, and the local tier is a ring of per-rank snapshots whose
+inventory every rank gathers before rank 0 chooses (:mod:`simulator.controller.local_ring`).
 
 Preemption grace. With ``preemption_grace_s`` (the seconds a scheduler allows between its
 signal and the kill: SLURM's ``--signal=USR1@90`` gives 90), the save a preemption signal
@@ -23,12 +25,23 @@ import math
 import warnings
 from typing import Any
 
-from simulator.controller.commit import choose_checkpoint, reject, write_and_commit
+from simulator.controller.commit import choose_checkpoint, misnamed, reject, write_and_commit
 from simulator.controller.estimate import FailureRatePosterior
-from simulator.controller.integrity import CheckpointWriteError
+from simulator.controller.integrity import (
+    CheckpointWriteError,
+    CorruptCheckpoint,
+    UnsafeCheckpoint,
+)
+from simulator.controller.local_ring import Ring
 from simulator.controller.local_tier import LocalTier, check_local_dir, run_id
 from simulator.controller.schedule import DEFAULT_MTBF_S
-from simulator.controller.storage import apply_retention, checkpoint_step, complete_steps
+from simulator.controller.state import check_state
+from simulator.controller.storage import (
+    apply_retention,
+    checkpoint_name,
+    checkpoint_step,
+    complete_steps,
+)
 from simulator.controller.tier_schedule import (
     LOCAL,
     NODE,
@@ -81,9 +94,33 @@ def tiered_schedule(base: dict, mtbf_h, scenario, fixed) -> TieredSchedule:
 
 
 def open_local_tier(ckpt) -> LocalTier:
-    """Rank 0's local tier for ``ckpt`` (the run's id read or made in its directory)."""
-    rid, why = run_id(ckpt.storage, ckpt.root, remote=ckpt._remote, create=not ckpt.read_only)
-    tier = LocalTier(ckpt._local_dir, rid, keep_last=ckpt._local_keep, why=why)
+    """This process's local tier for ``ckpt`` (the run's id read or made in its directory by
+    rank 0). Under torch.distributed each rank has its own directory in the ring
+    (:mod:`~simulator.controller.local_ring`); the tier is on for every rank or for none."""
+    backend = ckpt.backend
+    rid, why = None, None
+    if backend.rank == 0:
+        rid, why = run_id(ckpt.storage, ckpt.root, remote=ckpt._remote, create=not ckpt.read_only)
+    if backend.world_size > 1:
+        rid, why = backend.broadcast((rid, why))
+    ring = backend.writes_manifest()
+    sub = f"rank-{backend.rank}" if ring else None
+    tier = LocalTier(ckpt._local_dir, rid, keep_last=ckpt._local_keep, why=why, sub=sub)
+    ckpt._ring = None
+    if ring:
+        ckpt._ring = Ring(backend, tier, run_id=rid)
+        everyone = ckpt._ring.gather((tier.found, tier.disabled))
+        # Whether every rank found its own directory: a restart that lost a host is a node loss.
+        tier.found = all(found for found, _ in everyone)
+        off = [(r, why) for r, (_, why) in enumerate(everyone) if why is not None]
+        if off and tier.usable:
+            tier.disabled = f"rank {off[0][0]}'s local tier is unusable ({off[0][1]})"
+            if backend.rank == 0:
+                warnings.warn(
+                    f"local tier off for every rank: {tier.disabled}; a snapshot that one rank "
+                    "cannot keep restores no rank",
+                    stacklevel=3,
+                )
     if not tier.usable:
         ckpt.schedule.local_enabled = False
     ckpt._local_rejected = {}
@@ -118,6 +155,7 @@ class TierMixin:
         self.preemption_grace_s = None if grace_s is None else float(grace_s)
         self._local_dir = None
         self.local = None
+        self._ring = None
         if local_dir is None:
             if isinstance(policy, TierSchedule):
                 raise InputError(
@@ -127,12 +165,15 @@ class TierMixin:
             if local_keep_last is not None:
                 raise InputError("local_keep_last is the local tier's retention: give local_dir")
             return None
-        if self.backend.writes_manifest():
+        if self.backend.writes_manifest() and not hasattr(self.backend, "write_own"):
             raise InputError(
-                "local_dir with a torch.distributed backend is not supported yet (each rank's "
-                "shard would need its partner's copy): use the persistent tier alone"
+                f"local_dir needs a backend that writes each rank's own snapshot "
+                f"(DistributedBackend); {type(self.backend).__name__} does not: use the "
+                "persistent tier alone"
             )
-        self._local_dir = check_local_dir(local_dir, self.root, remote=self._remote)
+        self._local_dir = check_local_dir(
+            local_dir, self.root, remote=self._remote, rank=self.backend.rank
+        )
         keep = 2 if self.async_save else 1
         if local_keep_last is not None:
             if isinstance(local_keep_last, bool) or not isinstance(local_keep_last, int):
@@ -177,7 +218,10 @@ class TierMixin:
         if self.local is None:
             self.save(step)
             return
-        for tier in self.schedule.tiers_due(step):
+        tiers = self.schedule.tiers_due(step)
+        if self.backend.world_size > 1:
+            tiers = self.backend.broadcast(tiers)  # rank 0's clock decides, as for the step
+        for tier in tiers:
             self.save(step, tier=tier)
 
     def _add_tier_state(self, state: dict) -> None:
@@ -228,10 +272,17 @@ class TierMixin:
         local = self.local
         if not local.usable:
             raise CheckpointWriteError(local.disabled)
-        write_and_commit(local.root, local.storage, self.backend, step, state, barriers=False)
+        if self._ring is not None:
+            problem = self._ring.save(step, state)  # raises when a rank's own write failed
+            if problem is not None:
+                logger.warning("local tier: %s", problem)
+                warnings.warn(f"local tier: {problem}", stacklevel=2)
+        else:
+            write_and_commit(local.dir, local.storage, self.backend, step, state, barriers=False)
         local.written.add(step)
         self.local_last_saved_step = step
-        self._report(step, tier=LOCAL, bytes=self._checkpoint_bytes(step, local.storage))
+        if self.backend.rank == 0:  # the line is logged once, by rank 0 (save())
+            self._report(step, tier=LOCAL, bytes=self._checkpoint_bytes(step, local.storage))
         try:
             apply_retention(
                 local.storage,
@@ -281,8 +332,14 @@ class TierMixin:
         return None
 
     def _choose_local(self) -> str | None:
+        if self._ring is not None:
+            # Every rank's inventory was gathered (_agree_ring); damage counts as rejections.
+            for line in self._ring.refused:
+                self._local_rejected.setdefault(line, line)
+            step = self._ring_step
+            return None if step is None else checkpoint_name(step)
         choice, rejected = choose_checkpoint(
-            self.local.root,
+            self.local.dir,
             self.local.storage,
             self.config,
             tidy=True,  # this run's own directory on this host (module docstring)
@@ -323,10 +380,14 @@ class TierMixin:
 
     def _restored(self, step: int) -> None:
         """Say which tier the restore used (log, ``stats``, run log), and warn of a fallback."""
-        if self.local is None or self.backend.rank != 0:
+        if self.local is None:
             return
-        self.restored_tier = self._restore_tier if step > 0 else None
+        self.restored_tier = self._restore_tier if step > 0 else None  # on every rank
+        if self.backend.rank != 0:
+            return
         where = self.local.root
+        if self._ring is not None and self._ring_restored(step):
+            return
         if self.restored_tier == LOCAL:
             logger.info("restored step %d from the local tier (%s)", step, where)
             return
@@ -351,7 +412,72 @@ class TierMixin:
             )
 
     def _restore_fields(self) -> dict:
-        return {} if self.local is None else {"tier": self.restored_tier}
+        if self.local is None:
+            return {}
+        if self._ring is not None and self.restored_tier == LOCAL:
+            return {"tier": LOCAL, "from_partners": list(self._ring.from_partners)}
+        return {"tier": self.restored_tier}
+
+    # -- the ring (torch.distributed: local_ring module) ------------------------------------
+    def _agree_ring(self) -> None:
+        """Collective, before rank 0 chooses: the newest step every rank can load locally."""
+        self._ring_step = None
+        if self._ring is not None and self.local.usable:
+            self._ring_step = self._ring.agree()
+
+    def _ring_state(self, name: str, template: dict) -> dict | None:
+        """Collective: every rank's state of the agreed local step, its missing snapshots taken
+        from partners first; None (the step excluded) when any rank cannot load it."""
+        ring, rank = self._ring, self.backend.rank
+        error = ring.fetch()
+        state = None
+        if error is None:
+            try:
+                path = self.local.storage.local_copy(name)
+                state = check_state(self.backend.read_own(path, template), where=name)
+                error = misnamed(name, state.get("step")) or self._foreign(state)
+            except (CorruptCheckpoint, UnsafeCheckpoint) as exc:
+                error = f"rank {rank}'s {name}: {exc}"
+                why = "unsafe" if isinstance(exc, UnsafeCheckpoint) else "corrupt"
+                line = reject(self.local.storage, name, why, str(exc))
+                warnings.warn(f"local tier: {line}", stacklevel=4)
+            except Exception as exc:  # said by every rank below; no rank may skip the gather
+                error = f"rank {rank}'s {name}: {type(exc).__name__}: {exc}"
+        errors = [e for e in ring.gather(error) if e is not None]
+        if not errors:
+            return state
+        ring.excluded.add(checkpoint_step(name))
+        if rank == 0:
+            line = f"{name} cannot be restored from the local tiers ({'; '.join(errors)})"
+            self._local_rejected[name] = line
+            logger.warning("local tier: %s; trying an older one", line)
+            warnings.warn(f"local tier: {line}; trying an older one", stacklevel=4)
+        return None
+
+    def _ring_restored(self, step: int) -> bool:
+        """Rank 0: say where a ring restore came from; True when it said all there is."""
+        ring = self._ring
+        if self.restored_tier == LOCAL:
+            took = ring.from_partners
+            logger.info(
+                "restored step %d from the local tier (%s)%s",
+                step,
+                self.local.root,
+                f"; rank(s) {took} took their snapshots from their partners' copies"
+                if took
+                else ", every rank from its own snapshot",
+            )
+            return True
+        why = ring.notes + ring.refused
+        if step > 0 and why:
+            warnings.warn(
+                f"the local tiers hold no snapshot of a step newer than the persistent one that "
+                f"every rank can load ({'; '.join(why)}): restored step {step} from the "
+                "persistent tier",
+                stacklevel=5,
+            )
+            return True
+        return False
 
     def _due_after_restore(self, step: int, age_s: float) -> int:
         if self.local is None:
@@ -363,6 +489,8 @@ class TierMixin:
         if self.local is not None and self.restored_tier == LOCAL:
             self._local_saved = step
             self._saved_step = self._newest_persistent()
+            if self.backend.world_size > 1:  # rank 0's view (it moved rejected ones aside)
+                self._saved_step = self.backend.broadcast(self._saved_step)
             self.last_saved_step = self._saved_step
 
     def _final_step(self) -> int | None:
@@ -455,4 +583,15 @@ class TierMixin:
             "failures_by_class": dict(s.past_by_class),
             "mtbf_by_class_s": {k: p.mtbf_s for k, p in s.class_posteriors.items()},
             "last_save_stall_s": {k: v for k, v in self._last_stalls.items() if k != "step"},
+            **self._ring_stats(),
+        }
+
+    def _ring_stats(self) -> dict:
+        ring = self._ring
+        if ring is None:
+            return {}
+        return {
+            "local_partner": ring.partner,
+            "local_holds_copy_of": ring.source,
+            "restored_from_partners": list(ring.from_partners),
         }

@@ -1,0 +1,403 @@
+"""The local tier under torch.distributed: each rank's snapshot on its host, a copy at a partner.
+
+Two real gloo processes (forked, as in test_controller_distributed) train a DDP model with
+dropout on per-rank data, saving to a persistent directory and to ``local_dir=.../host{rank}``:
+each rank's local tier in a directory of its own, as if each rank were a host of its own. One
+run is SIGKILLed between saves; each test then damages a copy of what it left the way a failure
+does (nothing, a lost host, a host and its partner's copy, a flipped byte, a planted pickle)
+and resumes it, checking which tier and which copies were used, what was said, and that the
+final model, optimizer and RNG state equal an uninterrupted run's bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _damage import flip_a_byte
+from test_controller_distributed import _batch, _free_port, _full_state, _model, _wrap
+
+STEPS = 16
+PROBE_STEPS = 2
+STEP_S = 1.0  # every rank's fake clock: the local tier every 2 steps, the persistent every 6
+TIERS = {"local": 2.0, "persistent": 6.0}
+
+
+def _worker(
+    rank: int, world: int, port: int, base: str, out: str, stop_at: int | None, wrap: str
+) -> None:
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller.distributed import DistributedBackend
+    from simulator.model.tiers import TierSchedule
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    log = logging.getLogger("simulator.controller")
+    log.setLevel(logging.INFO)
+    log.addHandler(Keep())
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        ddp = _wrap(_model(), wrap)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=0.05)
+        torch.manual_seed(100 + rank)  # dropout differs per rank
+        now = [0.0]
+        ckpt = AdaptiveCheckpointer(
+            Path(base) / "ckpt",
+            model=ddp,
+            optimizer=opt,
+            policy=TierSchedule(dict(TIERS)),
+            backend=DistributedBackend(),
+            clock=lambda: now[0],
+            probe_steps=PROBE_STEPS,
+            keep_last=2,
+            local_dir=str(Path(base) / "host{rank}"),
+        )
+        start = ckpt.restore()
+        stats = dict(ckpt.stats)
+        saved = {"local": [], "persistent": []}
+        for step in range(start + 1, STEPS + 1):
+            x, y = _batch(rank, step)
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            now[0] += STEP_S
+            before = (ckpt.local_saves, ckpt.saves)
+            ckpt.step(step)
+            if ckpt.local_saves > before[0]:
+                saved["local"].append(step)
+            if ckpt.saves > before[1]:
+                saved["persistent"].append(step)
+            if step == stop_at:
+                os.kill(os.getpid(), signal.SIGKILL)  # no close, no flush: a crash
+        ckpt.close()
+    rng = torch.get_rng_state()
+    model_state, optim_state = _full_state(ddp, opt)
+    torch.save(
+        {
+            "start": start,
+            "stats": stats,
+            "saved": saved,
+            "model": model_state,
+            "optimizer": optim_state,
+            "rng": rng,
+            "log": lines,
+            "warnings": [str(w.message) for w in caught],
+        },
+        Path(out) / f"rank{rank}.pt",
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def _run(
+    base: Path, out: Path, stop_at: int | None = None, world: int = 2, wrap: str = "ddp"
+) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    args = (world, _free_port(), str(base), str(out), stop_at, wrap)
+    try:
+        mp.start_processes(_worker, args=args, nprocs=world, start_method="fork")
+    except mp.ProcessExitedException:
+        if stop_at is None:
+            raise
+        return []
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[dict]:
+    """An uninterrupted run, with the same tiers."""
+    base = tmp_path_factory.mktemp("ring-ref")
+    return _run(base / "run", base / "out")
+
+
+def _kill(base: Path, reference: list[dict], wrap: str = "ddp") -> tuple[Path, int, int]:
+    """Run until SIGKILLed after a local save newer than the newest persistent one; returns the
+    run's directory (persistent ``ckpt``, local ``host0``, ``host1``) and the newest local and
+    persistent steps."""
+    saved = reference[0]["saved"]
+    assert saved == reference[1]["saved"]  # every rank saved at the same steps, both tiers
+    assert saved["local"] and saved["persistent"]
+    stop_at = next(
+        s
+        for s in range(PROBE_STEPS + 1, STEPS)
+        if s not in saved["local"] + saved["persistent"]
+        and max((p for p in saved["persistent"] if p < s), default=0)
+        < max((p for p in saved["local"] if p < s), default=0)
+        and any(p < s for p in saved["persistent"])
+    )
+    assert _run(base / "run", base / "out", stop_at=stop_at, wrap=wrap) == []
+    local = max(p for p in saved["local"] if p < stop_at)
+    persistent = max(p for p in saved["persistent"] if p < stop_at)
+    assert persistent < local
+    return base / "run", local, persistent
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, reference) -> tuple[Path, int, int]:
+    """The DDP run, killed (:func:`_kill`)."""
+    return _kill(tmp_path_factory.mktemp("ring-killed"), reference)
+
+
+def _copy(killed, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(killed[0], run, symlinks=True)
+    return run
+
+
+def _tier(run: Path, host: int) -> Path:
+    """``host<h>/<run id>``: the run's local tier on that "host"."""
+    (rid,) = [p for p in (run / f"host{host}").iterdir() if p.is_dir()]
+    return rid
+
+
+def _snapshot(run: Path, host: int, step: int, whose: str) -> Path:
+    return _tier(run, host) / whose / f"step-{step:08d}"
+
+
+def _assert_bit_exact(reference: list[dict], resumed: list[dict]) -> None:
+    for ref, got in zip(reference, resumed, strict=True):
+        assert ref["model"].keys() == got["model"].keys()
+        for k in ref["model"]:
+            assert torch.equal(ref["model"][k], got["model"][k]), k
+        assert ref["optimizer"].keys() == got["optimizer"].keys()
+        for k, s in ref["optimizer"].items():
+            for name, v in s.items():
+                assert torch.equal(v, got["optimizer"][k][name]), (k, name)
+        assert torch.equal(ref["rng"], got["rng"])
+
+
+def _restore_event(run: Path) -> dict:
+    events = [json.loads(line) for line in (run / "ckpt" / "runlog.jsonl").read_text().split("\n")
+              if line.strip()]  # fmt: skip
+    return [e for e in events if e["event"] == "restore"][-1]
+
+
+def test_each_rank_keeps_its_own_snapshot_and_its_partners_copy(killed):
+    run, local, _ = killed
+    pairs = [("rank-0", "copy-of-rank-1"), ("rank-1", "copy-of-rank-0")]
+    for host, (own, copy) in enumerate(pairs):
+        tier = _tier(run, host)
+        assert sorted(p.name for p in tier.iterdir()) == sorted([own, copy])
+        mine, held = tier / own / f"step-{local:08d}", tier / copy / f"step-{local:08d}"
+        # A whole one-rank DCP checkpoint (its own .metadata), sealed by a manifest.
+        assert {".metadata", "__0_0.distcp", "ring.json", "manifest.json"} <= {
+            p.name for p in mine.iterdir()
+        }
+        ring = json.loads((mine / "ring.json").read_text())
+        assert (ring["rank"], ring["world_size"], ring["step"]) == (host, 2, local)
+        # The partner's copy is the other rank's snapshot, byte for byte.
+        other = _snapshot(run, 1 - host, local, f"rank-{1 - host}")
+        assert (held / "__0_0.distcp").read_bytes() == (other / "__0_0.distcp").read_bytes()
+        assert json.loads((held / "ring.json").read_text())["rank"] == 1 - host
+        # Retention: the local tier keeps 1 by default, in both directories.
+        assert len(list((tier / own).glob("step-*"))) == 1
+        assert len(list((tier / copy).glob("step-*"))) == 1
+
+
+def test_a_killed_run_resumes_from_the_local_tier_bit_exactly(reference, killed, tmp_path):
+    run = _copy(killed, tmp_path)
+    resumed = _run(run, tmp_path / "out")
+    _, local, _ = killed
+    assert [r["start"] for r in resumed] == [local, local]
+    assert resumed[0]["stats"]["restored_tier"] == "local"
+    assert resumed[0]["stats"]["restored_from_partners"] == []
+    assert any("every rank from its own snapshot" in line for line in resumed[0]["log"])
+    event = _restore_event(run)
+    assert (event["tier"], event["from_partners"]) == ("local", [])
+    _assert_bit_exact(reference, resumed)
+
+
+def test_a_lost_host_gets_its_snapshot_back_from_its_partner(reference, killed, tmp_path):
+    run = _copy(killed, tmp_path)
+    shutil.rmtree(run / "host1")  # the "host" of rank 1 is gone: its own snapshot and its copy
+    resumed = _run(run, tmp_path / "out")
+    _, local, _ = killed
+    assert [r["start"] for r in resumed] == [local, local]
+    assert resumed[0]["stats"]["restored_tier"] == "local"
+    assert resumed[0]["stats"]["restored_from_partners"] == [1]
+    assert resumed[0]["stats"]["local_found"] is False  # a node loss, for the failure classes
+    event = _restore_event(run)
+    assert (event["tier"], event["from_partners"]) == ("local", [1])
+    assert any("took their snapshots from their partners' copies" in x for x in resumed[0]["log"])
+    _assert_bit_exact(reference, resumed)
+
+
+def test_a_shard_lost_on_both_holders_falls_back_to_the_persistent_tier(
+    reference, killed, tmp_path
+):
+    run = _copy(killed, tmp_path)
+    _, local, persistent = killed
+    shutil.rmtree(run / "host1")
+    shutil.rmtree(_tier(run, 0) / "copy-of-rank-1")
+    resumed = _run(run, tmp_path / "out")
+    assert [r["start"] for r in resumed] == [persistent, persistent]
+    assert resumed[0]["stats"]["restored_tier"] == "persistent"
+    said = " ".join(resumed[0]["warnings"])
+    assert f"step {local}: the local snapshot of rank(s) [1] survives neither" in said
+    assert f"restored step {persistent} from the persistent tier" in said
+    _assert_bit_exact(reference, resumed)
+
+
+def test_a_flipped_byte_in_a_local_shard_is_refused_and_the_partner_copy_used(
+    reference, killed, tmp_path
+):
+    run = _copy(killed, tmp_path)
+    _, local, _ = killed
+    flip_a_byte(_snapshot(run, 1, local, "rank-1") / "__0_0.distcp")
+    resumed = _run(run, tmp_path / "out")
+    assert [r["start"] for r in resumed] == [local, local]
+    assert resumed[0]["stats"]["restored_from_partners"] == [1]
+    assert any("CRC-32" in w and "treated as missing" in w for w in resumed[1]["warnings"])
+    aside = list((_tier(run, 1) / "rank-1").glob(f"step-{local:08d}.rejected-corrupt*"))
+    assert len(aside) == 1  # kept for a person to inspect, never read
+    _assert_bit_exact(reference, resumed)
+
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_pickle_in_a_local_snapshot_is_refused_without_running_it(
+    reference, killed, tmp_path
+):
+    from simulator.controller.integrity import write_manifest
+
+    run = _copy(killed, tmp_path)
+    _, local, _ = killed
+    marker = tmp_path / "executed"
+    # A hostile writer on the host: .metadata replaced, the manifest's CRCs recomputed.
+    for host, whose in ((0, "rank-0"), (1, "copy-of-rank-0")):
+        snap = _snapshot(run, host, local, whose)
+        (snap / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+        (snap / "manifest.json").unlink()
+        write_manifest(snap)
+    resumed = _run(run, tmp_path / "out")
+    assert not marker.exists()
+    _, _, persistent = killed
+    # Rank 0's snapshot is refused on both holders: the persistent tier, with a warning.
+    assert [r["start"] for r in resumed] == [persistent, persistent]
+    assert any("unsafe" in w and "treated as missing" in w for w in resumed[0]["warnings"])
+    assert any("unsafe" in w and "treated as missing" in w for w in resumed[1]["warnings"])
+    _assert_bit_exact(reference, resumed)
+
+
+def test_another_world_size_restores_from_the_persistent_tier_and_says_why(killed, tmp_path):
+    run = _copy(killed, tmp_path)
+    _, _, persistent = killed
+    (alone,) = _run(run, tmp_path / "out", world=1)
+    assert alone["start"] == persistent
+    assert alone["stats"]["restored_tier"] == "persistent"
+    said = " ".join(alone["warnings"])
+    assert "written by a job of 2 ranks, this one has 1" in said
+    assert alone["stats"]["local_partner"] is None  # one rank: no partner, and no error
+    assert any("one rank, so no partner" in line for line in alone["log"])
+
+
+def test_the_partner_is_on_another_host_when_torchrun_says_how_many_share_one():
+    from simulator.controller.local_ring import ring_stride
+
+    assert ring_stride(2, None) == 1
+    assert ring_stride(16, 8) == 8  # rank 3's copy on rank 11: the other host
+    assert ring_stride(8, 8) == 1  # one host: the next rank
+    assert ring_stride(12, 8) == 1  # hosts of unequal size: the next rank
+
+
+def test_a_backend_that_cannot_write_a_ranks_own_snapshot_is_refused_in_one_line(tmp_path):
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller.backend import LocalBackend
+    from simulator.errors import InputError
+
+    class Sharded(LocalBackend):
+        def writes_manifest(self):
+            return True
+
+    with pytest.raises(InputError, match="writes each rank's own snapshot"):
+        AdaptiveCheckpointer(
+            tmp_path / "ckpt",
+            model=torch.nn.Linear(2, 2),
+            backend=Sharded(),
+            local_dir=tmp_path / "local",
+        )
+
+
+def test_one_rank_keeps_a_local_snapshot_without_a_partner_and_restores_it(tmp_path, caplog):
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller.distributed import DistributedBackend
+    from simulator.model.tiers import TierSchedule
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    try:
+
+        def checkpointer(model, opt):
+            return AdaptiveCheckpointer(
+                tmp_path / "ckpt",
+                model=model,
+                optimizer=opt,
+                backend=DistributedBackend(),
+                local_dir=str(tmp_path / "host{rank}"),
+                policy=TierSchedule({"local": 1e6, "persistent": 1e6}),
+            )
+
+        model = _model()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        caplog.set_level(logging.INFO, logger="simulator.controller")
+        ck = checkpointer(model, opt)
+        assert "one rank, so no partner holds a copy" in caplog.text
+        ck.restore()
+        for step in (1, 2):
+            x, y = _batch(0, step)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            ck.save(step, tier="persistent" if step == 1 else "local")
+        ck.close(finished=False)
+        assert [p.name for p in (_tier(tmp_path, 0)).iterdir()] == ["rank-0"]
+        again = _model()
+        again_opt = torch.optim.AdamW(again.parameters(), lr=0.05)
+        ck = checkpointer(again, again_opt)
+        assert ck.restore() == 2
+        assert ck.stats["restored_tier"] == "local" and ck.stats["local_partner"] is None
+        ck.close(finished=False)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, again.state_dict()[k]), k
+        want, got = opt.state_dict()["state"], again_opt.state_dict()["state"]
+        assert all(torch.equal(want[i]["exp_avg"], got[i]["exp_avg"]) for i in want)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_an_fsdp2_sharded_run_gets_a_lost_hosts_shards_back_from_its_partner(tmp_path):
+    reference = _run(tmp_path / "ref", tmp_path / "ref-out", wrap="fsdp2")
+    run, local, _ = _kill(tmp_path / "killed", reference, wrap="fsdp2")
+    shutil.rmtree(run / "host1")
+    resumed = _run(run, tmp_path / "out", wrap="fsdp2")
+    assert [r["start"] for r in resumed] == [local, local]
+    assert resumed[0]["stats"]["restored_from_partners"] == [1]
+    _assert_bit_exact(reference, resumed)
