@@ -449,7 +449,7 @@ class Scenario:
     def from_toml(cls, path: str | Path) -> Scenario:
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write
         except OSError as exc:
             raise InputError(f"cannot read scenario file {path}: {exc.strerror}") from None
         except UnicodeDecodeError:
