@@ -46,13 +46,12 @@ import logging
 import os
 import shutil
 import warnings
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from simulator import ckptio
-from simulator.ckptio.layout import unsafe_name
+from simulator.ckptio.layout import crc32, unsafe_name
 from simulator.controller.commit import choose_checkpoint, reject, write_and_commit
 from simulator.controller.integrity import (
     CheckpointWriteError,
@@ -246,7 +245,7 @@ class Ring:
                 if buf is not None and problem is None:
                     name, off, _n = in_p[i]
                     view = buf.cpu().numpy()
-                    crcs[name] = zlib.crc32(view, crcs[name])
+                    crcs[name] = crc32(view, crcs[name])
                     try:
                         os.pwrite(fds[name], view, off)
                     except OSError as exc:
