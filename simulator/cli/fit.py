@@ -5,7 +5,8 @@ failure timestamps); ``simulator.fitting.fit`` fits exponential, Weibull and log
 censored maximum likelihood, ranks them by AIC and checks each against Kaplan–Meier. With a
 cause column each cause gets its own fit (the cause-specific hazard), and with a repair column
 its repair-time distribution. ``--scenario-out`` writes the best fit as a scenario TOML that
-``ckptsim optimize --scenario`` and ``ckptsim simulate --scenario`` read.
+``ckptsim optimize --scenario`` and ``ckptsim simulate --scenario`` read; with a cause column
+its failure model is one ``[[failure_class]]`` per cause (``fitting.fit.cause_classes``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ seconds).
 examples:
   ckptsim fit experiments/logs/lanl-system20.csv --repair-unit min
       the log in the repository: node failures with dates, causes and down times in minutes
+  ckptsim fit experiments/logs/lanl-system20.csv --repair-unit min --scenario-out m.toml
+      one failure class per cause, each restarting in its mean down time; add
+      --cause-column none for one fit of the whole log
   ckptsim fit failures.csv --unit h
       numbers in hours, no component column: the scenario gets the system's MTBF (mtbf_h)
   ckptsim fit nodes.parquet --time-column when --component-column node --end 2024-12-31
@@ -101,7 +105,9 @@ def register(subparsers) -> None:
         "--scenario-out",
         metavar="FILE",
         help="write the best fit whose mean the log supports as a scenario TOML for "
-        "optimize/simulate --scenario",
+        "optimize/simulate --scenario; with a cause column, one [[failure_class]] per cause "
+        "(its own fit; its restart_s the mean of its down-time fit, unless --restart-s), the "
+        "causes too rare for a fit pooled as 'other'",
     )
     job = p.add_argument_group("job written into --scenario-out")
     job.add_argument(
