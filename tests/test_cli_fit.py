@@ -560,3 +560,9 @@ def test_the_committed_lanl_class_mix_is_what_fit_writes_from_the_committed_log(
     capsys.readouterr()
     assert out.read_text() == committed
     assert main(["optimize", "--scenario", str(example_log.SCENARIO)]) == 0
+    # reports/lanl-fit.md's class table shows the file's classes, number for number.
+    report = (root / "reports" / "lanl-fit.md").read_text()
+    for c in _classes(example_log.SCENARIO)["failure_class"]:
+        row = f"| {c['name']} | "
+        line = next(x for x in report.splitlines() if x.startswith(row) and " %) |" in x)
+        assert f"| {c['failure']} | {c['gpu_mtbf_h']:,.0f} | {c['restart_s'] / HOUR:.2f} |" in line
