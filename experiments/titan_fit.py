@@ -406,8 +406,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--source", type=Path, default=titan.SOURCE_CSV, help="gc_full.csv to rebuild from"
     )
+    parser.add_argument(
+        "--lifetimes-out",
+        type=Path,
+        metavar="FILE",
+        help="only write the study's per-GPU lifetimes (duration_s, event) built from --source "
+        "as a CSV that `ckptsim fit FILE --unit s` fits to this report's numbers",
+    )
     # None means no flags (as when make reports calls it), not this process's argv.
     args = parser.parse_args(argv or [])
+    if args.lifetimes_out is not None:
+        n = titan.write_lifetimes(args.lifetimes_out, source=args.source)
+        print(f"wrote {args.lifetimes_out} ({n:,} GPUs)", file=sys.stderr)
+        return 0
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(build_report(args.source), encoding="utf-8")
     print(

@@ -452,4 +452,117 @@ def test_the_readme_quick_start_runs_as_written_and_its_numbers_are_what_fit_pri
     assert f"{mean_h:,.0f} h, {ratio:.0f} times the log's own" in " ".join(section.split())
     shape = family(got, "weibull")["params"]["shape"]
     assert f"(a Weibull, shape {shape:.2f})" in " ".join(section.split())
-    assert re.search(r'failure = "weibull:shape=', (tmp_path / "mine.toml").read_text())
+    written = (tmp_path / "mine.toml").read_text()
+    # One class per cause, as the section says; --cause-column none gives the Weibull it quotes.
+    assert written.count("\n[[failure_class]]\n") == len(got["causes"]) == 6
+    assert "all six classes are exponential" in " ".join(section.split())
+    assert written.count('failure = "exponential"') == 6
+    out = tmp_path / "whole.toml"
+    assert main([*commands[0][1:-6], "--cause-column", "none", "--scenario-out", str(out)]) == 0
+    assert re.search(rf'failure = "weibull:shape={shape:.6g}"', out.read_text())
+
+
+def _classes(path):
+    import tomllib
+
+    return tomllib.loads(path.read_text())
+
+
+def test_a_cause_column_writes_one_failure_class_per_cause_that_optimize_and_simulate_run(
+    capsys, tmp_path
+):
+    # The committed LANL log: per-node gaps, six causes, down times in minutes.
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parents[1] / "experiments" / "logs" / "lanl-system20.csv"
+    out = tmp_path / "m.toml"
+    got = fit_json(capsys, log, "--repair-unit", "min", "--scenario-out", out)
+    data = _classes(out)
+    classes = {c["name"]: c for c in data["failure_class"]}
+    assert set(classes) == set(got["causes"])  # every cause here has a fit of its own
+    assert not any(k in data for k in ("failure", "gpu_mtbf_h", "mtbf_h"))
+    assert data["gpus"] == got["components"] and data["gpus_per_node"] == 1
+    rate = 0.0
+    for name, c in classes.items():
+        sub = got["causes"][name]
+        fam = family(sub, c["failure"].split(":")[0])
+        # The class's lifetime is that cause's own fit, per component.
+        assert c["gpu_mtbf_h"] == pytest.approx(fam["mean_s"] / HOUR, rel=1e-5), name
+        # Its restart_s is the mean of that cause's down-time fit (the best one the log backs).
+        means = [f["mean_s"] for f in sub["repair"]["families"]]
+        assert any(c["restart_s"] == pytest.approx(m, rel=1e-5) for m in means), name
+        rate += 1 / c["gpu_mtbf_h"]
+    text = out.read_text()
+    assert "standing in for the job's restart cost" in text and "mean of its" in text
+    if all(c["failure"] == "exponential" for c in classes.values()):
+        # Exponential cause-specific fits: the classes' rates add up to the log's own.
+        assert rate == pytest.approx(1 / (family(got, "exponential")["mean_s"] / HOUR), rel=1e-5)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    opt = subprocess.run(
+        [sys.executable, "-m", "simulator", "optimize", "--scenario", str(out), "--json"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert opt.returncode == 0, opt.stderr
+    plan = json.loads(opt.stdout)
+    assert {c["name"] for c in plan["scenario"]["failure_class"]} == set(classes)
+    sim = subprocess.run(
+        [sys.executable, "-m", "simulator", "simulate", "--scenario", str(out), "--work-h", "200",
+         "--replicas", "20", "--json", "--no-progress"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    summary = json.loads(sim.stdout)
+    assert all(f"failures_{name}_mean" in json.dumps(summary) for name in classes)
+
+
+def test_causes_without_a_fit_of_their_own_are_pooled_into_one_class_and_said(capsys, tmp_path):
+    rng = np.random.default_rng(8)
+    gaps = rng.exponential(5.0, 400)
+    cause = rng.choice(["gpu", "network"], 400, p=[0.7, 0.3]).astype(object)
+    cause[17] = "power=grid"  # one failure: no fit of its own; a name no class may take
+    cause[[40, 41, 90]] = ""  # blank causes
+    cause[[5, 60, 200]] = "rack=3"  # a fit of its own, under a name a class may take
+    log = tmp_path / "sys.csv"
+    pd.DataFrame({"time": np.cumsum(gaps), "cause": cause}).to_csv(log, index=False)
+    out = tmp_path / "s.toml"
+    got = fit_json(capsys, log, "--scenario-out", out, "--restart-s", "300")
+    data = _classes(out)
+    names = [c["name"] for c in data["failure_class"]]
+    assert names == ["gpu", "network", "cause_rack_3", "other"]
+    other = data["failure_class"][-1]
+    # System gaps: each class's rate is the whole system's (mtbf_h), no gpus written.
+    assert all("mtbf_h" in c and "gpu_mtbf_h" not in c for c in data["failure_class"])
+    pooled = got["events"] - sum(c["events"] for c in got["causes"].values())
+    assert pooled == 4
+    text = " ".join(out.read_text().replace("\n# ", " ").split())
+    assert "cause 'rack=3' as 'cause_rack_3': 3 of" in text
+    assert f"pooled: {pooled} of {got['events']:,}" in text and "'power=grid'" in text
+    assert "3 with a blank cause" in text
+    # --restart-s is every class's restart: no class overrides it.
+    assert data["restart_s"] == 300 and not any("restart_s" in c for c in data["failure_class"])
+    assert other["mtbf_h"] > 0
+    assert main(["optimize", "--scenario", str(out)]) == 0
+
+
+def test_the_committed_lanl_class_mix_is_what_fit_writes_from_the_committed_log(
+    capsys, tmp_path, monkeypatch
+):
+    from pathlib import Path
+
+    from experiments import example_log
+
+    root = Path(__file__).resolve().parents[1]
+    committed = example_log.SCENARIO.read_text()
+    monkeypatch.chdir(root)  # the header names the log as the generator does
+    out = tmp_path / example_log.SCENARIO.name
+    log = str(example_log.OUT.relative_to(root))
+    assert main(["fit", log, *example_log.CLASSES_ARGS, "--scenario-out", str(out)]) == 0
+    capsys.readouterr()
+    assert out.read_text() == committed
+    assert main(["optimize", "--scenario", str(example_log.SCENARIO)]) == 0
+    # reports/lanl-fit.md's class table shows the file's classes, number for number.
+    report = (root / "reports" / "lanl-fit.md").read_text()
+    for c in _classes(example_log.SCENARIO)["failure_class"]:
+        row = f"| {c['name']} | "
+        line = next(x for x in report.splitlines() if x.startswith(row) and " %) |" in x)
+        assert f"| {c['failure']} | {c['gpu_mtbf_h']:,.0f} | {c['restart_s'] / HOUR:.2f} |" in line

@@ -209,13 +209,23 @@ def test_an_extrapolated_best_fit_is_warned_and_not_written_into_the_scenario(
     assert x["reason"] == "rate" and x["ratio"] > 10
     warn = next(x for x in err.splitlines() if x.startswith("warning: the best fit (lognormal)"))
     assert "5.421e+06 min" in warn and "3.419e+05 min" in warn  # both numbers, in --unit
+    # With the cause column each cause is a class whose fit passes over such fits too.
+    assert "passed over the better by AIC lognormal" in out.read_text().replace("\n# ", " ")
+    # The whole log's fit (no cause column) passes over the lognormal for the Weibull.
+    whole = tmp_path / "whole.toml"
+    code, _, err = cli(
+        capsys, "fit", lanl20, "--unit", "min", "--component-column", "node",
+        "--cause-column", "none", "--scenario-out", whole, "--gpus", "512",
+    )  # fmt: skip
+    assert code == 0, err
     assert "passed over a better fit whose mean the log does not support: lognormal" in err
-    text = out.read_text()
+    text = whole.read_text()
     assert 'failure = "weibull:shape=' in text
     weibull = next(f for f in got["families"] if f["family"] == "weibull")
     assert f"gpu_mtbf_h = {weibull['mean_s'] / HOUR:.6g}" in text
     assert "whose mean the log supports (weibull)" in text
     # Per-cause fits past the log are named in one warning line.
+    _, err = cli(capsys, "fit", lanl20, "--unit", "min", "--component-column", "node")[1:]
     per_cause = [x for x in err.splitlines() if x.startswith("warning: per-cause")]
     assert len(per_cause) == 1 and "Hardware (lognormal" in per_cause[0]
 

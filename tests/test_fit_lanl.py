@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.fitting import lanl
+from simulator.fitting import lanl, titan
 from simulator.fitting.fit import fit_lifetime
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -97,3 +97,59 @@ def test_ckptsim_fit_on_the_titan_gpus_gives_the_titan_study_numbers(tmp_path, c
 
     durations_s, observed = titan.gpu_lifetimes()
     _cli_fit_equals_study_fit(durations_s, np.asarray(observed, bool), tmp_path, capsys)
+
+
+@pytest.mark.skipif(
+    not titan.SOURCE_CSV.exists(), reason="the published Titan gc_full.csv is not on this machine"
+)
+def test_the_raw_titan_file_exported_by_the_study_fits_to_the_reports_numbers(tmp_path, capsys):
+    """gc_full.csv holds a GPU's periods and events on rows of their own, not one lifetime per
+    unit: `fit` refuses it in one line, and the study's export of it fits to its numbers."""
+    import json
+
+    from experiments import titan_fit
+    from simulator.cli import main
+
+    raw = titan.SOURCE_CSV
+    assert main(["fit", str(raw)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "row 7138" in err and "blank" in err
+    out = tmp_path / "titan-lifetimes.csv"
+    assert titan_fit.main(["--source", str(raw), "--lifetimes-out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["fit", str(out), "--unit", "s", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    d, o = titan.gpu_lifetimes()  # the committed table experiments/titan_fit.py fits
+    assert got["events"] == int(o.sum()) and got["censored"] == int((~o).sum())
+    assert got["best"] == "weibull"
+    shape = next(f for f in got["families"] if f["family"] == "weibull")["params"]["shape"]
+    study = fit_lifetime(d, o, "weibull")
+    assert shape == pytest.approx(study.params["shape"], rel=1e-6)
+    report = (Path(__file__).resolve().parents[1] / "reports" / "titan-fit.md").read_text()
+    assert f"shape = {shape:.4g} (" in report
+
+
+def test_fit_on_the_committed_system20_log_differs_from_the_study_by_the_dates_it_lacks(capsys):
+    """The README's account of why `ckptsim fit experiments/logs/lanl-system20.csv` is not
+    reports/lanl-fit.md's system 20: the log has no production or decommission dates, so each
+    node's first failure (timed from production in the study) is no lifetime, its last gap is
+    censored at the log's last failure, and nodes that never failed are not in it."""
+    import json
+
+    from experiments import example_log
+    from simulator.cli import main
+
+    nl = lanl.node_lifetimes(lanl.load_table(), example_log.SYSTEM)
+    assert main(["fit", str(example_log.OUT), "--cause-column", "none", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert nl.before_production == 0 and got["components"] == nl.nodes_seen == 400
+    assert int(nl.observed.sum()) == got["events"] + nl.nodes_seen  # 2,474 = 2,074 + 400
+    # The study censors every seen node at its decommission and adds the never-failed ones;
+    # the log censors at its last failure, which one node's last gap ends at.
+    assert int((~nl.observed).sum()) == nl.nodes_seen + nl.nodes_never_failed == 512
+    assert got["censored"] == nl.nodes_seen - 1
+    shape = next(f for f in got["families"] if f["family"] == "weibull")["params"]["shape"]
+    study = fit_lifetime(nl.durations_s, nl.observed, "weibull").params["shape"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = " ".join(readme.split())
+    assert f"Weibull shape {shape:.3f} against the report's {study:.3f}" in text

@@ -5,7 +5,8 @@ failure timestamps); ``simulator.fitting.fit`` fits exponential, Weibull and log
 censored maximum likelihood, ranks them by AIC and checks each against Kaplan–Meier. With a
 cause column each cause gets its own fit (the cause-specific hazard), and with a repair column
 its repair-time distribution. ``--scenario-out`` writes the best fit as a scenario TOML that
-``ckptsim optimize --scenario`` and ``ckptsim simulate --scenario`` read.
+``ckptsim optimize --scenario`` and ``ckptsim simulate --scenario`` read; with a cause column
+its failure model is one ``[[failure_class]]`` per cause (``fitting.fit.cause_classes``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ seconds).
 examples:
   ckptsim fit experiments/logs/lanl-system20.csv --repair-unit min
       the log in the repository: node failures with dates, causes and down times in minutes
+  ckptsim fit experiments/logs/lanl-system20.csv --repair-unit min --scenario-out m.toml
+      one failure class per cause, each restarting in its mean down time; add
+      --cause-column none for one fit of the whole log
   ckptsim fit failures.csv --unit h
       numbers in hours, no component column: the scenario gets the system's MTBF (mtbf_h)
   ckptsim fit nodes.parquet --time-column when --component-column node --end 2024-12-31
@@ -101,7 +105,9 @@ def register(subparsers) -> None:
         "--scenario-out",
         metavar="FILE",
         help="write the best fit whose mean the log supports as a scenario TOML for "
-        "optimize/simulate --scenario",
+        "optimize/simulate --scenario; with a cause column, one [[failure_class]] per cause "
+        "(its own fit; its restart_s the mean of its down-time fit, unless --restart-s), the "
+        "causes too rare for a fit pooled as 'other'",
     )
     job = p.add_argument_group("job written into --scenario-out")
     job.add_argument(
@@ -139,8 +145,35 @@ def _comment(text: str) -> str:
     return "# " + "".join(ch if ch.isprintable() else "?" for ch in str(text))
 
 
-def _toml(data: dict, header: list[str]) -> str:
-    lines = [_comment(h) for h in header]
+def _toml(data: dict, header: list[str], comments: list[list[str]] = ()) -> str:
+    """A flat scenario mapping as TOML; its ``failure_class`` list as ``[[failure_class]]``
+    tables after the plain keys, each under its lines of ``comments``."""
+    lines = [_comment(h) for h in _wrap(header)]
+    tables = data.get("failure_class", [])
+    lines += _keys({k: v for k, v in data.items() if k != "failure_class"})
+    for i, table in enumerate(tables):
+        lines.append("")
+        lines += [_comment(c) for c in _wrap(comments[i] if i < len(comments) else [])]
+        lines.append("[[failure_class]]")
+        lines += _keys(table)
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(lines: list[str], width: int = 98) -> list[str]:
+    """Comment text in lines a reader need not scroll (each given line starts a new one)."""
+    import textwrap
+
+    return [
+        part
+        for line in lines
+        for part in (
+            textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""]
+        )
+    ]
+
+
+def _keys(data: dict) -> list[str]:
+    lines = []
     for key, value in data.items():
         if isinstance(value, str):
             lines.append(f"{key} = {toml_string(value)}")
@@ -150,7 +183,7 @@ def _toml(data: dict, header: list[str]) -> str:
             lines.append(f"{key} = {value}")
         else:
             lines.append(f"{key} = {float(value):.6g}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _unit_s(unit: str) -> float:
@@ -325,17 +358,26 @@ def run(args) -> int:
         fixed = {k: getattr(args, k) for k in ("checkpoint_s", "restart_s", "work_h")}
         data = scenario_from_fit(log, result, name=scenario_out.stem, gpus=args.gpus, **fixed)
         chosen = result.pop("scenario_fit")
-        header = [
-            f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by AIC "
-            f"whose mean the log supports ({chosen['family']}),",
-            f"fitted to {result['events']:,} failures and {result['censored']:,} censored "
-            "lifetimes.",
-        ]
-        for passed in chosen["skipped"]:
-            note = f"passed over a better {passed}"
-            header.append(note[0].upper() + note[1:] + ".")
-            print(f"warning: --scenario-out {note}", file=sys.stderr)
-        if system_gaps and data["failure"] != "exponential":
+        classes = data.get("failure_class", [])
+        if classes:
+            header = _class_header(args, result, log, system_gaps)
+            notes.append(
+                f"--scenario-out: {len(classes)} failure classes, one per cause with a fit of "
+                "its own (the others pooled as one, if any); --cause-column none writes one fit "
+                "of the whole log instead"
+            )
+        else:
+            header = [
+                f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by "
+                f"AIC whose mean the log supports ({chosen['family']}),",
+                f"fitted to {result['events']:,} failures and {result['censored']:,} censored "
+                "lifetimes.",
+            ]
+            for passed in chosen["skipped"]:
+                note = f"passed over a better {passed}"
+                header.append(note[0].upper() + note[1:] + ".")
+                print(f"warning: --scenario-out {note}", file=sys.stderr)
+        if system_gaps and data.get("failure", "exponential") != "exponential":
             header += [
                 "mtbf_h and failure are the whole system's time between failures: simulated as",
                 "one component with this shape while the scenario has no gpus. Setting gpus (a",
@@ -345,11 +387,12 @@ def run(args) -> int:
             ]
         missing = [k for k in ("checkpoint_s", "restart_s") if k not in data]
         if missing:
+            own = " (a class with its own restart_s takes that)" if classes else ""
             header.append(
                 f"Not given, so ckptsim's defaults (60 s save, 600 s restart): "
-                f"{', '.join(missing)}."
+                f"{', '.join(missing)}{own}."
             )
-        text = _toml(data, header)
+        text = _toml(data, header, chosen.get("class_comments", []))
         write_atomic(
             scenario_out, lambda tmp: tmp.write_text(text, encoding="utf-8"), "--scenario-out"
         )
@@ -368,6 +411,32 @@ def run(args) -> int:
             out = args.scenario_out
             print(f"\nwrote {out}; next: ckptsim optimize --scenario {out}")
     return 0
+
+
+def _class_header(args, result, log, system_gaps: bool) -> list[str]:
+    """The header of a scenario whose failure model is one class per cause."""
+    col = result["columns"].get("cause", "cause")
+    level = (
+        "mtbf_h, the whole system's mean time between its failures"
+        if system_gaps
+        else "gpu_mtbf_h, one component's mean lifetime (each of the log's components is a "
+        "node of one GPU, gpus_per_node = 1)"
+    )
+    lines = [
+        f"Written by `ckptsim fit {args.file}`: one [[failure_class]] per cause in column "
+        f"{col!r} with a fit of its own, each the best of {', '.join(_FAMILY_NAMES)} by AIC "
+        "whose mean the log supports, fitted to that cause's failures with the gaps other causes "
+        f"ended censored (the cause-specific hazard); its lifetime as {level}.",
+        f"The log: {result['events']:,} failures and {result['censored']:,} censored lifetimes; "
+        "the classes' rates add up to its rate.",
+    ]
+    if "repair" in (log.columns or {}):
+        lines.append(
+            "A class's restart_s, where it has one, is the mean of its fitted down time: the "
+            "repair time stands in for the restart cost (a job that restarts on a spare node "
+            "waits less: set restart_s, or --restart-s)."
+        )
+    return lines
 
 
 def _plot(args, log, result, path: Path) -> None:

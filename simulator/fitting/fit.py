@@ -41,6 +41,7 @@ __all__ = [
     "PLAUSIBLE_FACTOR",
     "FitResult",
     "best_fit",
+    "cause_classes",
     "describe_extrapolation",
     "extrapolation",
     "failure_spec",
@@ -655,7 +656,126 @@ def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, 
         data["repair_h"] = chosen.mean_s / 3600.0
         data["repair"] = failure_spec(chosen)
     data.update({k: v for k, v in fixed.items() if v is not None})
+    if result.get("causes"):
+        # One class per cause: the classes are the failure model, so the scenario's own
+        # lifetime fields go (the scenario refuses both), its repair fields stay (spares).
+        for key in ("failure", "mtbf_h", "gpu_mtbf_h"):
+            data.pop(key, None)
+        classes = cause_classes(
+            log, result, system=log.shape == "timestamps" and log.components is None,
+            restart_given=fixed.get("restart_s") is not None,
+        )  # fmt: skip
+        data["failure_class"] = [table for table, _ in classes]
+        result["scenario_fit"]["class_comments"] = [lines for _, lines in classes]
     from simulator.model.scenario import Scenario
 
     Scenario.from_mapping(data, source="--scenario-out")  # refuse a file optimize would refuse
     return data
+
+
+OTHER_CLASS = "other"
+"""The class of the failures whose cause has no fit of its own (too few, or blank)."""
+
+
+def _class_name(cause: str, taken: set[str]) -> str:
+    """A cause as a class name: as logged where the scenario takes it, else made one (a name
+    may not hold ``=`` or end like a summary column), never one already taken."""
+    from simulator.model.tiers import _name
+
+    try:
+        name = _name("failure_class", cause)
+    except InputError:
+        name = "cause_" + "".join(ch if ch.isalnum() else "_" for ch in cause).strip("_")
+    base, i = name, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _one_class(name, fits, durations_s, hit, repair_s, *, system: bool, restart_given: bool):
+    """A ``[[failure_class]]`` table (and the comment lines that say where each number came
+    from) from one cause's fits: its best simulable family at the level the log measured, and
+    its mean fitted down time as its restart_s."""
+    best, _ = _simulable(fits, durations_s, hit)
+    table: dict = {"name": name, "failure": failure_spec(best)}
+    table["mtbf_h" if system else "gpu_mtbf_h"] = best.mean_s / 3600.0
+    better = [f.family for f in fits[: fits.index(best)]]
+    notes = [f"{best.family} fit" + (
+        f" (passed over the better by AIC {', '.join(better)}: a mean the log does not support "
+        "or a shape no simulation samples; `ckptsim fit` says which)" if better else ""
+    )]  # fmt: skip
+    rep = None if repair_s is None else _repair_block(repair_s)
+    if rep is not None:
+        r = np.asarray(repair_s, float)
+        r = r[np.isfinite(r) & (r > 0)]
+        chosen, _ = _simulable(rep["fits"], r, np.ones(r.size, bool))
+        mean_s = chosen.mean_s
+        if restart_given:
+            notes.append(
+                f"its down time ({r.size:,} logged, {chosen.family} fit, mean {mean_s:,.0f} s) "
+                "is not its restart_s: --restart-s gave every class the scenario's"
+            )
+        else:
+            table["restart_s"] = float(mean_s)
+            notes.append(
+                f"restart_s = the mean of its {chosen.family} fit to its {r.size:,} logged down "
+                "times: the time a failed node was down, standing in for the job's restart cost"
+            )
+    elif repair_s is not None:
+        notes.append("too few down times logged for a fit of its own: the scenario's restart_s")
+    return table, notes
+
+
+def cause_classes(
+    log, result: dict, *, system: bool, restart_given: bool = False
+) -> list[tuple[dict, list[str]]]:
+    """One ``[[failure_class]]`` table per cause with a fit of its own in ``fit_log``'s
+    ``result`` (its best family whose mean the log supports, as ``gpu_mtbf_h`` per component, or
+    ``mtbf_h`` for a system's gaps; ``restart_s`` the mean of its fitted down time, unless
+    ``restart_given``), and one class, ``other``, pooling the failures of every cause without a
+    fit of its own and those with a blank cause, so the classes' rates add up to the log's.
+
+    Each table comes with the comment lines that say where its numbers came from, the share
+    of the log's failures its class holds among them."""
+    t = np.asarray(log.durations_s, float)
+    causes = np.asarray(log.causes, dtype=object)
+    total = int(np.asarray(log.observed, bool).sum())
+    rep_causes = None if log.repair_causes is None else np.asarray(log.repair_causes, object)
+    taken: set[str] = set()
+    out = []
+    fitted = list(result["causes"])
+    for cause in fitted:
+        sub = result["causes"][cause]
+        hit = np.asarray([c == cause for c in causes], dtype=bool)
+        reps = None if rep_causes is None else log.repair_s[rep_causes == cause]
+        table, notes = _one_class(
+            _class_name(cause, taken), sub["fits"], t, hit, reps,
+            system=system, restart_given=restart_given,
+        )  # fmt: skip
+        share = f"{sub['events']:,} of {total:,} failures ({100 * sub['events'] / total:.1f} %)"
+        label = f"cause {cause!r}" + ("" if table["name"] == cause else f" as {table['name']!r}")
+        out.append((table, [f"{label}: {share}, {notes[0]}", *notes[1:]]))
+    own = set(fitted)
+    rest = np.asarray(log.observed, bool) & ~np.asarray([c in own for c in causes], dtype=bool)
+    if rest.any():
+        skipped = result.get("causes_skipped", {})
+        parts = [f"{k!r}" for k in skipped]
+        blank = int(result.get("blank_causes", 0))
+        if blank:
+            parts.append(f"{blank:,} with a blank cause")
+        reps = None
+        if rep_causes is not None:
+            reps = log.repair_s[~np.asarray([c in own for c in rep_causes], dtype=bool)]
+        name = _class_name(OTHER_CLASS, taken | set(fitted))
+        table, notes = _one_class(
+            name, _fit_block(t, rest)["fits"], t, rest, reps,
+            system=system, restart_given=restart_given,
+        )  # fmt: skip
+        n = int(rest.sum())
+        first = (
+            f"the failures of causes with no fit of their own, pooled: {n:,} of {total:,} "
+            f"({100 * n / total:.1f} %; {', '.join(parts)}), {notes[0]}"
+        )
+        out.append((table, [first, *notes[1:]]))
+    return out

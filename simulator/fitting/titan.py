@@ -42,6 +42,7 @@ __all__ = [
     "gpu_lifetimes",
     "gpu_table",
     "span_s",
+    "write_lifetimes",
 ]
 
 N_SLOTS = 18_688
@@ -170,15 +171,21 @@ def _raw_events() -> pd.DataFrame:
 
 
 def gpu_lifetimes(
-    rule: str = "first_event", batch: str | None = None
+    rule: str = "first_event", batch: str | None = None, *, source: str | Path | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-GPU service times (seconds) and whether each ended in a failure (else censored).
 
     ``rule="first_event"``: service time until the first DBE/OTB, censored at the last removal.
     ``rule="removal"``: the paper's definition — total service time, failed when the GPU was
-    removed after an event. ``batch`` restricts to ``"old"`` or ``"new"`` GPUs.
+    removed after an event. ``batch`` restricts to ``"old"`` or ``"new"`` GPUs. ``source``: the
+    published ``gc_full.csv`` to build them from (None: the committed table made from it).
     """
-    table = gpu_table()
+    if source is None:
+        table = gpu_table()
+    else:
+        if not Path(source).exists():
+            raise InputError(f"Titan source table not found: {source}")
+        table = _gpu_rows(_read_source(Path(source)))
     if batch is not None:
         if batch not in ("old", "new"):
             raise InputError(f"batch must be 'old' or 'new', got {batch!r}")
@@ -197,6 +204,17 @@ def gpu_lifetimes(
     # period started has age 0, which no continuous lifetime density allows. One second is
     # below the data's resolution.
     return np.maximum(np.asarray(durations, dtype=float), 1.0), observed
+
+
+def write_lifetimes(path: str | Path, *, source: str | Path | None = None) -> int:
+    """The study's per-GPU lifetimes (``gpu_lifetimes()``) as a lifetimes log ``ckptsim fit``
+    reads: ``duration_s`` and ``event`` (1 failed, 0 censored), one row per GPU. ``gc_full.csv``
+    is not one: its rows are a GPU's periods in a slot and events logged on rows of their own,
+    which the study sums and matches per serial number first. Returns the rows written."""
+    durations, observed = gpu_lifetimes(source=source)
+    frame = pd.DataFrame({"duration_s": durations, "event": observed.astype(int)})
+    frame.to_csv(path, index=False, float_format="%.17g")
+    return len(frame)
 
 
 @functools.cache
