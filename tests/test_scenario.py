@@ -115,7 +115,7 @@ def test_a_file_that_is_not_utf8_is_one_line_not_a_traceback(tmp_path):
 
 def test_a_file_an_editor_saved_with_a_byte_order_mark_is_read(tmp_path):
     path = tmp_path / "bom.toml"
-    path.write_bytes(b'\xef\xbb\xbfgpus = 64\nmtbf_h = 50000\nwork_h = 10\n')
+    path.write_bytes(b"\xef\xbb\xbfgpus = 64\nmtbf_h = 50000\nwork_h = 10\n")
     assert load_scenario(str(path)).gpus == 64
 
 
