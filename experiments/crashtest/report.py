@@ -71,14 +71,22 @@ def _ci(x: pd.Series | np.ndarray) -> str:
 
 def plot(study: dict, s: dict, figdir: Path, stem: str = "closed-loop") -> list[Path]:
     """The two figures, named after the report (``<stem>-prediction.png``, ``-policies``)."""
+    figdir.mkdir(parents=True, exist_ok=True)
+    return [
+        prediction_figure(s["df"], s["labels"], figdir / f"{stem}-prediction.png"),
+        policies_figure(study["expected"], s["df"], s["labels"], figdir / f"{stem}-policies.png"),
+    ]
+
+
+def prediction_figure(df, labels, path: Path, *, simulator="simulator", events="kills") -> Path:
+    """Each run's replay (filled: its own parameters, hollow: pooled) against its measured wall
+    time, over a ±5 % band; the tiered study draws its runs with the same function."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figdir.mkdir(parents=True, exist_ok=True)
-    df, labels = s["df"], s["labels"]
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
     lo = min(df.wall_s.min(), df.replay_s.min(), df.own_s.min()) * 0.95
     hi = max(df.wall_s.max(), df.replay_s.max(), df.own_s.max()) * 1.05
     # The band and the diagonal go underneath (zorder), so no run is hidden behind them; each
@@ -92,79 +100,87 @@ def plot(study: dict, s: dict, figdir: Path, stem: str = "closed-loop") -> list[
         d = df[df.label == label]
         m = MARKERS[i % len(MARKERS)]
         ax.scatter(
-            d.wall_s, d.own_s, label=label, color=f"C{i}", marker=m, s=30, alpha=0.75, zorder=3
+            d.wall_s, d.own_s, label=label, color=f"C{i}", marker=m, s=32, alpha=0.75, zorder=3
         )
         ax.scatter(
-            d.wall_s, d.replay_s, facecolors="none", edgecolors=f"C{i}", marker=m, s=30,
+            d.wall_s, d.replay_s, facecolors="none", edgecolors=f"C{i}", marker=m, s=32,
             zorder=3,
         )  # fmt: skip
-    ax.set(xlabel="measured wall time (s)", ylabel="simulator, same kills (s)", xlim=(lo, hi))
-    ax.set_ylim(lo, hi)
+    ax.set(xlabel="measured wall time (s)", ylabel=f"{simulator}, same {events} (s)")
+    ax.set(xlim=(lo, hi), ylim=(lo, hi))
     ax.legend(fontsize=6, loc="upper left")
     ax.set_title(
-        "Simulator replay vs measured run (grey band: ±5 %)\n"
+        f"{simulator.capitalize()} replay vs measured run (grey band: ±5 %)\n"
         "filled: the run's own parameters, hollow: pooled parameters",
         fontsize=8,
     )
-    p1 = figdir / f"{stem}-prediction.png"
     fig.tight_layout()
-    fig.savefig(p1, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+
+def policies_figure(expected: dict, df, labels, path: Path, *, events="kills") -> Path:
+    """Wall time per policy, measured and speed-adjusted: one line per repeat (the same
+    failures) and the simulator's mean with the sd of a mean of the repeats."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     x = np.arange(len(labels))
-    exp = study["expected"]
-    means = [exp[k]["mean_s"] for k in labels]
-    sds = [exp[k]["sd_s"] / np.sqrt(df.repeat.nunique()) for k in labels]
+    means = [expected[k]["mean_s"] for k in labels]
+    sds = [expected[k]["sd_s"] / np.sqrt(df.repeat.nunique()) for k in labels]
     for ax, column, title in (
         (axes[0], "wall_s", "measured"),
-        (axes[1], "adj_s", "speed-adjusted (useful compute at the pooled step time)"),
+        (axes[1], "adj_s", "speed-adjusted (useful compute at the pooled speed)"),
     ):
         for r in sorted(df.repeat.unique()):
             d = df[df.repeat == r].set_index("label").loc[labels]
             ax.plot(
                 x, d[column], "o-", lw=0.6, ms=4, color="0.5",
-                label="one line per repeat (same kills)" if r == 0 else None,
+                label=f"one line per repeat (same {events})" if r == 0 else None,
             )  # fmt: skip
         ax.errorbar(
             x + 0.15, means, yerr=sds, fmt="s", color="C3",
             label="simulator mean (± sd of a mean of the repeats)",
         )  # fmt: skip
-        ax.set_xticks(x, labels, rotation=25, ha="right", fontsize=7)
+        ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=7)
         ax.set_title(f"Wall time per policy: {title}", fontsize=9)
     axes[0].set_ylabel("wall time (s)")
     axes[0].legend(fontsize=7)
-    p2 = figdir / f"{stem}-policies.png"
     fig.tight_layout()
-    fig.savefig(p2, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return [p1, p2]
+    return path
 
 
 FIGURE_COLUMNS = ("label", "repeat", "wall_s", "own_s", "replay_s", "adj_s")
 
 
-def save_figure_data(study: dict, s: dict, path: Path) -> Path:
-    """What the figures draw, per run, so ``closed_loop.py --render-only`` can redraw them."""
+def save_figure_data(study: dict, s: dict, path: Path, columns=FIGURE_COLUMNS) -> Path:
+    """What the figures draw, per run, so ``--render-only`` can redraw them."""
     import json
 
     data = dict(
         labels=s["labels"],
         expected={k: study["expected"][k] for k in s["labels"]},
-        runs=s["df"][list(FIGURE_COLUMNS)].to_dict(orient="records"),
+        runs=s["df"][list(columns)].to_dict(orient="records"),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=float) + "\n", encoding="utf-8")
     return path
 
 
-def render_figures(path: Path, figdir: Path, stem: str) -> list[Path]:
-    """Redraw the figures from :func:`save_figure_data`'s file, running nothing."""
+def render_figures(path: Path, figdir: Path, stem: str, draw=None) -> list[Path]:
+    """Redraw the figures (``draw``, default :func:`plot`) from :func:`save_figure_data`'s
+    file, running nothing."""
     import json
 
     data = json.loads(path.read_text(encoding="utf-8"))
     s = dict(df=pd.DataFrame(data["runs"]), labels=data["labels"])
-    return plot(dict(expected=data["expected"]), s, figdir, stem)
+    return (draw or plot)(dict(expected=data["expected"]), s, figdir, stem)
 
 
 def write_report(

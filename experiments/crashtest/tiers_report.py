@@ -7,13 +7,20 @@ when the whole interval meets it, at every measured point).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments.crashtest.report import MARKERS, _ci, _params, _pm
+from experiments.crashtest import report
+from experiments.crashtest.report import (
+    MARKERS,
+    _ci,
+    _params,
+    _pm,
+    policies_figure,
+    prediction_figure,
+)
 from simulator.engines.results import goal_verdict, mean_ci
 
 __all__ = ["render_figures", "summarise", "write_report"]
@@ -77,6 +84,7 @@ def summarise(study: dict) -> dict:
 
 
 def plot(study: dict, s: dict, figdir: Path, stem: str) -> list[Path]:
+    """The closed loop's two figures (drawn by its own functions) and the speed figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,60 +92,13 @@ def plot(study: dict, s: dict, figdir: Path, stem: str) -> list[Path]:
 
     figdir.mkdir(parents=True, exist_ok=True)
     df, labels = s["df"], s["labels"]
-    fig, ax = plt.subplots(figsize=(5.5, 5.5))
-    lo = min(df.wall_s.min(), df.own_s.min(), df.replay_s.min()) * 0.95
-    hi = max(df.wall_s.max(), df.own_s.max(), df.replay_s.max()) * 1.05
-    ax.fill_between(
-        [lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], color="0.92", zorder=0,
-        label="±5 % of measured",
+    p1 = prediction_figure(
+        df, labels, figdir / f"{stem}-prediction.png", simulator="tiered simulator",
+        events="failures",
     )  # fmt: skip
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, zorder=1)
-    for i, label in enumerate(labels):
-        d = df[df.label == label]
-        m = MARKERS[i % len(MARKERS)]
-        ax.scatter(d.wall_s, d.own_s, label=label, color=f"C{i}", marker=m, s=32, alpha=0.75,
-                   zorder=3)  # fmt: skip
-        ax.scatter(d.wall_s, d.replay_s, facecolors="none", edgecolors=f"C{i}", marker=m, s=32,
-                   zorder=3)  # fmt: skip
-    ax.set(xlabel="measured wall time (s)", ylabel="tiered simulator, same failures (s)",
-           xlim=(lo, hi), ylim=(lo, hi))  # fmt: skip
-    ax.legend(fontsize=6, loc="upper left")
-    ax.set_title(
-        "Tiered simulator replay vs measured run (grey band: ±5 %)\n"
-        "filled: the run's own parameters, hollow: pooled parameters",
-        fontsize=8,
+    p2 = policies_figure(
+        study["expected"], df, labels, figdir / f"{stem}-policies.png", events="failures"
     )
-    p1 = figdir / f"{stem}-prediction.png"
-    fig.tight_layout()
-    fig.savefig(p1, dpi=120)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    x = np.arange(len(labels))
-    exp = study["expected"]
-    reps = df.repeat.nunique()
-    for ax, column, title in (
-        (axes[0], "wall_s", "measured"),
-        (axes[1], "adj_s", "speed-adjusted (useful compute at the pooled speed)"),
-    ):
-        for r in sorted(df.repeat.unique()):
-            d = df[df.repeat == r].set_index("label").loc[labels]
-            ax.plot(x, d[column], "o-", lw=0.6, ms=4, color="0.5",
-                    label="one line per repeat (same failures)" if r == 0 else None)  # fmt: skip
-        ax.errorbar(
-            x + 0.12, [exp[k]["mean_s"] for k in labels],
-            yerr=[exp[k]["sd_s"] / np.sqrt(reps) for k in labels], fmt="s", color="C3",
-            label="simulator mean (± sd of a mean of the repeats)",
-        )  # fmt: skip
-        ax.set_xticks(x, labels, rotation=15, ha="right", fontsize=7)
-        ax.set_title(f"Wall time per policy: {title}", fontsize=8)
-    axes[0].set_ylabel("wall time (s)")
-    axes[0].legend(fontsize=7)
-    p2 = figdir / f"{stem}-policies.png"
-    fig.tight_layout()
-    fig.savefig(p2, dpi=120)
-    plt.close(fig)
-
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.axhspan(-5, 5, color="0.92", zorder=0, label="±5 %")
     ax.axvline(STEADY, color="0.5", ls=":", lw=1, label=f"spread {STEADY:g}")
@@ -158,21 +119,13 @@ def plot(study: dict, s: dict, figdir: Path, stem: str) -> list[Path]:
 
 
 def save_figure_data(study: dict, s: dict, path: Path) -> Path:
-    data = dict(
-        labels=s["labels"],
-        expected={k: study["expected"][k] for k in s["labels"]},
-        runs=s["df"][list(FIGURE_COLUMNS)].to_dict(orient="records"),
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=float) + "\n", encoding="utf-8")
-    return path
+    """What the figures draw, per run (the speed spread too)."""
+    return report.save_figure_data(study, s, path, FIGURE_COLUMNS)
 
 
 def render_figures(path: Path, figdir: Path, stem: str) -> list[Path]:
     """Redraw the figures from :func:`save_figure_data`'s file, running nothing."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    s = dict(df=pd.DataFrame(data["runs"]), labels=data["labels"])
-    return plot(dict(expected=data["expected"]), s, figdir, stem)
+    return report.render_figures(path, figdir, stem, draw=plot)
 
 
 def _classes(cfg) -> str:
