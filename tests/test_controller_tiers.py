@@ -474,11 +474,13 @@ def test_sigkilled_runs_resume_bit_exactly_from_the_local_tier_and_after_a_node_
     script = tmp_path / "train.py"
     script.write_text(_TRAIN)
     _, straight = _finish(script, tmp_path / "straight", "-", 200)
-    # A process crash: the relaunch takes the local copy, newer than the persistent one.
+    # A process crash: the relaunch takes the local copy, at least as new as the persistent
+    # one (the kill can land just after a step both tiers saved: the same state, and the
+    # local copy is the quicker read).
     _kill_at(script, tmp_path / "a", local_root / "a", 200, at=80)
     persisted = max(steps_in(tmp_path / "a"), default=0)
     started, digest = _finish(script, tmp_path / "a", local_root / "a", 200)
-    assert started[1] == "local" and int(started[0]) > persisted
+    assert started[1] == "local" and int(started[0]) >= persisted
     assert digest == straight
     starts = [e for e in read_events(tmp_path / "a" / RUNLOG) if e["event"] == "start"]
     assert [e["local_found"] for e in starts] == [False, True]  # the host had survived
