@@ -34,15 +34,27 @@ TIERS = {"local": 2.0, "persistent": 6.0}
 
 
 def _worker(
-    rank: int, world: int, port: int, base: str, out: str, stop_at: int | None, wrap: str
+    rank: int,
+    world: int,
+    port: int,
+    base: str,
+    out: str,
+    stop_at: int | None,
+    wrap: str,
+    per_host: tuple[int, ...] | None,
 ) -> None:
+    from datetime import timedelta
+
     from simulator.controller import AdaptiveCheckpointer
     from simulator.controller.distributed import DistributedBackend
     from simulator.model.tiers import TierSchedule
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if per_host is not None:  # what torchrun tells each rank about its host
+        os.environ["LOCAL_WORLD_SIZE"] = str(per_host[rank])
+    # A send that never meets its receive fails the test in a minute, not gloo's 30.
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
     lines: list[str] = []
 
@@ -110,10 +122,15 @@ def _worker(
 
 
 def _run(
-    base: Path, out: Path, stop_at: int | None = None, world: int = 2, wrap: str = "ddp"
+    base: Path,
+    out: Path,
+    stop_at: int | None = None,
+    world: int = 2,
+    wrap: str = "ddp",
+    per_host: tuple[int, ...] | None = None,
 ) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    args = (world, _free_port(), str(base), str(out), stop_at, wrap)
+    args = (world, _free_port(), str(base), str(out), stop_at, wrap, per_host)
     try:
         mp.start_processes(_worker, args=args, nprocs=world, start_method="fork")
     except mp.ProcessExitedException:
@@ -324,6 +341,18 @@ def test_the_partner_is_on_another_host_when_torchrun_says_how_many_share_one():
     assert ring_stride(16, 8) == 8  # rank 3's copy on rank 11: the other host
     assert ring_stride(8, 8) == 1  # one host: the next rank
     assert ring_stride(12, 8) == 1  # hosts of unequal size: the next rank
+
+
+def test_hosts_running_different_numbers_of_ranks_agree_on_one_partner_each(tmp_path):
+    # torchrun --nproc-per-node 2 on one host and 1 on another: ranks 0 and 1 read
+    # LOCAL_WORLD_SIZE=2, rank 2 reads 1. Each picking its own stride, rank 0 sent to rank 2
+    # while rank 2 sent to rank 0 and waited for rank 1: the first local save hung.
+    ranks = _run(tmp_path / "run", tmp_path / "out", world=3, per_host=(2, 2, 1))
+    assert [r["stats"]["local_partner"] for r in ranks] == [1, 2, 0]  # the next rank
+    assert all(r["saved"]["local"] for r in ranks)
+    assert any("different numbers of ranks" in line for line in ranks[0]["log"])
+    for rank in range(3):  # every rank's copy is held by the next one
+        assert list((_tier(tmp_path / "run", (rank + 1) % 3)).glob(f"copy-of-rank-{rank}/step-*"))
 
 
 def test_a_backend_that_cannot_write_a_ranks_own_snapshot_is_refused_in_one_line(tmp_path):

@@ -20,8 +20,9 @@ rename; retention is the local tier's (``local_keep_last``).
 The ring. After its own commit, each rank sends the files of that snapshot to its partner,
 rank ``(r + k) % world`` (point-to-point ``isend``/``irecv`` over the backend's process group,
 in bounded chunks; any backend with point-to-point sends, gloo included). ``k`` is 1, or the
-number of ranks per host (torchrun's ``LOCAL_WORLD_SIZE``) when the job spans several hosts
-of that size, so the copy lands on another host. The receiver stages what arrives, checks each
+number of ranks per host (torchrun's ``LOCAL_WORLD_SIZE``, the same on every rank: gathered
+and compared) when the job spans several hosts of that size, so the copy lands on another
+host. The receiver stages what arrives, checks each
 file against the sender's manifest (size and CRC-32) and commits it. One rank: no partner, no
 copy (said once in the log).
 
@@ -141,8 +142,19 @@ class Ring:
         self.tier = tier  # its storage is this rank's own directory
         self.run_id = run_id
         self.rank, self.world = backend.rank, backend.world_size
-        self.stride = ring_stride(self.world, _ranks_per_host())
         self.group = backend.group
+        # Collective: every rank must pick the same stride, or the sends never meet their
+        # receives. Hosts that run different numbers of ranks (torchrun --nproc-per-node 2 on
+        # one, 1 on another) each read their own LOCAL_WORLD_SIZE: then the next rank it is.
+        per_host = self.gather(_ranks_per_host())
+        agreed = per_host[0] if len(set(per_host)) == 1 else None
+        if agreed is None:
+            logger.warning(
+                "local tier: the hosts run different numbers of ranks (LOCAL_WORLD_SIZE %s), "
+                "so each rank's copy goes to the next rank, which may share its host",
+                per_host,
+            )
+        self.stride = ring_stride(self.world, agreed)
         self.partner = (self.rank + self.stride) % self.world if self.world > 1 else None
         """The rank that holds this rank's copy (None: one rank, no partner)."""
         self.source = (self.rank - self.stride) % self.world if self.world > 1 else None
