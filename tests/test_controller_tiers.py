@@ -423,7 +423,7 @@ while step < steps:
     opt.step()
     step += 1
     ckpt.step(step)
-    print("STEP", step, flush=True)
+    print("STEP", step, getattr(ckpt, "local_saves", 0), ckpt.saves, flush=True)
     time.sleep(0.005)
 ckpt.close()
 h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
@@ -441,7 +441,9 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
 
 
-def _kill_at(script, directory, local, steps, at) -> None:
+def _kill_at(script, directory, local, steps, at, *, after_a_local_save=False) -> None:
+    """SIGKILL the run at step ``at`` or, with ``after_a_local_save``, at the first step from
+    there whose save went to the local tier alone (so the local copy is the newest)."""
     import signal
 
     proc = subprocess.Popen(
@@ -449,8 +451,14 @@ def _kill_at(script, directory, local, steps, at) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
     )  # fmt: skip
     try:
+        counts = (0, 0)
         for line in proc.stdout:
-            if line.startswith("STEP ") and int(line.split()[1]) >= at:
+            if not line.startswith("STEP "):
+                continue
+            step, *now = map(int, line.split()[1:])
+            local_only = now[0] > counts[0] and now[1] == counts[1]
+            counts = tuple(now)
+            if step >= at and (local_only or not after_a_local_save):
                 proc.send_signal(signal.SIGKILL)
                 break
         proc.communicate(timeout=120)
@@ -474,13 +482,13 @@ def test_sigkilled_runs_resume_bit_exactly_from_the_local_tier_and_after_a_node_
     script = tmp_path / "train.py"
     script.write_text(_TRAIN)
     _, straight = _finish(script, tmp_path / "straight", "-", 200)
-    # A process crash: the relaunch takes the local copy, at least as new as the persistent
-    # one (the kill can land just after a step both tiers saved: the same state, and the
-    # local copy is the quicker read).
-    _kill_at(script, tmp_path / "a", local_root / "a", 200, at=80)
+    # A process crash just after a local save: the relaunch takes that local copy, newer than
+    # the persistent one. (Killed anywhere, the newest copy may be a persistent one: the
+    # intervals are in seconds of a loaded machine's time.)
+    _kill_at(script, tmp_path / "a", local_root / "a", 200, at=80, after_a_local_save=True)
     persisted = max(steps_in(tmp_path / "a"), default=0)
     started, digest = _finish(script, tmp_path / "a", local_root / "a", 200)
-    assert started[1] == "local" and int(started[0]) >= persisted
+    assert started[1] == "local" and int(started[0]) > persisted
     assert digest == straight
     starts = [e for e in read_events(tmp_path / "a" / RUNLOG) if e["event"] == "start"]
     assert [e["local_found"] for e in starts] == [False, True]  # the host had survived

@@ -218,6 +218,16 @@ class DistributedBackend:
         self.world_size = dist.get_world_size(group)
         self.per_rank_keys = tuple(per_rank_keys)
         self.thread_count = int(thread_count)
+        # DCP's save runs its collectives on a group of its own: an asynchronous save writes
+        # in a background thread while the training thread broadcasts the next due step on
+        # ``group``, and two threads' collectives on one group meet in a different order on
+        # each rank (a deadlock). Made here, where every rank is (new_group is collective).
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        self.write_group = (
+            group
+            if self.world_size == 1
+            else dist.new_group(ranks, backend=dist.get_backend(group))
+        )
 
     # -- coordination -----------------------------------------------------------------------
     def broadcast(self, obj):
@@ -298,7 +308,7 @@ class DistributedBackend:
             dcp.save(
                 _encode(self._split(state)),
                 storage_writer=writer,
-                process_group=self.group,
+                process_group=self.write_group,
                 no_dist=own,
             )
         if own or self.rank == 0:
