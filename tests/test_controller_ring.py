@@ -334,6 +334,21 @@ def test_another_world_size_restores_from_the_persistent_tier_and_says_why(kille
     assert any("one rank, so no partner" in line for line in alone["log"])
 
 
+def test_more_ranks_than_saved_them_are_refused_in_one_line_on_every_rank(killed, tmp_path):
+    # Rank 2 has no saved RNG state or data position: DCP said "Missing key" in a multi-line
+    # CorruptCheckpoint. Every rank refuses alike (none waits in DCP's collectives alone),
+    # and nothing is moved aside: the checkpoints are fine for a job of 2 ranks.
+    run = _copy(killed, tmp_path)
+    before = sorted(p.name for p in (run / "ckpt").iterdir())
+    with pytest.raises(mp.ProcessRaisedException) as info:
+        _run(run, tmp_path / "out", world=3)
+    message = str(info.value)
+    assert "IncompatibleCheckpoint" in message
+    assert "saved by a job of 2 ranks and this one has 3" in message
+    assert "relaunch with 2 ranks" in message
+    assert sorted(p.name for p in (run / "ckpt").iterdir()) == before
+
+
 def test_the_partner_is_on_another_host_when_torchrun_says_how_many_share_one():
     from simulator.controller.local_ring import ring_stride
 

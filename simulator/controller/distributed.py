@@ -327,6 +327,24 @@ class DistributedBackend:
         :meth:`read` otherwise (the same refusals)."""
         return self._load(Path(ckpt_dir), template, own=True)
 
+    def _check_saved_ranks(self, ckpt_dir: Path, metadata) -> None:
+        """Refuse a checkpoint saved by fewer ranks than this job has, on every rank alike
+        (the same metadata gives the same answer, so no rank enters DCP's collectives alone):
+        the extra ranks have no saved RNG state or data position to resume."""
+        from simulator.controller.integrity import IncompatibleCheckpoint
+
+        saved = {
+            path[1]
+            for path in (metadata.planner_data or {}).values()
+            if isinstance(path, (tuple, list)) and len(path) > 1 and path[0] == PER_RANK_KEY
+        }
+        if saved and self.world_size > len(saved):
+            raise IncompatibleCheckpoint(
+                f"{ckpt_dir.name} was saved by a job of {len(saved)} ranks and this one has "
+                f"{self.world_size}: ranks {len(saved)} and up have no saved RNG state or data "
+                f"position to resume; relaunch with {len(saved)} ranks"
+            )
+
     def _load(self, ckpt_dir: Path, template: dict, *, own: bool) -> dict:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
@@ -337,6 +355,8 @@ class DistributedBackend:
             raise CorruptCheckpoint(f"{ckpt_dir.name}: no DCP .metadata (incomplete write)")
         # Read (and vet) here: inside dcp.load a refusal would be swallowed into a fallback.
         metadata = load_metadata(ckpt_dir)
+        if not own:
+            self._check_saved_ranks(ckpt_dir, metadata)
         state = _encode(self._split(template))
         planner = _completing_planner(self.rank)
         try:
