@@ -290,6 +290,30 @@ def test_a_flipped_byte_in_a_local_shard_is_refused_and_the_partner_copy_used(
     _assert_bit_exact(reference, resumed)
 
 
+def test_an_own_snapshot_that_passes_its_checks_but_does_not_load_is_replaced_by_the_partners(
+    reference, killed, tmp_path
+):
+    # Resealed after a truncation (the manifest's CRCs recomputed, as a disk tool or a careless
+    # copy might): every check passes, DCP cannot load it. The whole step was passed over for
+    # the persistent one although rank 0 held an intact copy of it (ring audit).
+    from simulator.controller.integrity import write_manifest
+
+    run = _copy(killed, tmp_path)
+    _, local, _ = killed
+    snap = _snapshot(run, 1, local, "rank-1")
+    shard = snap / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (snap / "manifest.json").unlink()
+    write_manifest(snap)
+    resumed = _run(run, tmp_path / "out")
+    assert [r["start"] for r in resumed] == [local, local]
+    assert resumed[0]["stats"]["restored_tier"] == "local"
+    assert resumed[0]["stats"]["restored_from_partners"] == [1]
+    assert any("trying the partners' copies" in w for w in resumed[0]["warnings"])
+    assert list((_tier(run, 1) / "rank-1").glob(f"step-{local:08d}.rejected-corrupt*"))
+    _assert_bit_exact(reference, resumed)
+
+
 class _Payload:
     def __init__(self, marker: Path):
         self.marker = marker

@@ -178,6 +178,9 @@ class Ring:
         backend_name = str(dist.get_backend(self.group)) if self.world > 1 else "gloo"
         self.device = "cuda" if backend_name == "nccl" else "cpu"
         self.excluded: set[int] = set()
+        self.retried: set[int] = set()
+        """Steps whose own snapshot on some rank failed to load and was moved aside: tried
+        once more, from the partners' copies."""
         self.plan: dict | None = None
         self.from_partners: list[int] = []
         self.refused: list[str] = []

@@ -430,7 +430,7 @@ class TierMixin:
         from partners first; None (the step excluded) when any rank cannot load it."""
         ring, rank = self._ring, self.backend.rank
         error = ring.fetch()
-        state = None
+        state, moved_aside = None, False
         if error is None:
             try:
                 path = self.local.storage.local_copy(name)
@@ -440,18 +440,29 @@ class TierMixin:
                 error = f"rank {rank}'s {name}: {exc}"
                 why = "unsafe" if isinstance(exc, UnsafeCheckpoint) else "corrupt"
                 line = reject(self.local.storage, name, why, str(exc))
+                moved_aside = not self.local.storage.exists(name)
                 warnings.warn(f"local tier: {line}", stacklevel=4)
             except Exception as exc:  # said by every rank below; no rank may skip the gather
                 error = f"rank {rank}'s {name}: {type(exc).__name__}: {exc}"
-        errors = [e for e in ring.gather(error) if e is not None]
+        results = ring.gather((error, moved_aside))
+        errors = [e for e, _ in results if e is not None]
         if not errors:
             return state
-        ring.excluded.add(checkpoint_step(name))
+        step = checkpoint_step(name)
+        # A snapshot that passed every check yet does not load was moved aside on its rank: the
+        # next agreement takes that rank's partner copy of the same step, once. Anything else
+        # (a copy fetched from the partner fails too, a rank cannot say why) passes it over.
+        again = step not in ring.retried and all(moved for e, moved in results if e is not None)
+        if again:
+            ring.retried.add(step)
+        else:
+            ring.excluded.add(step)
         if rank == 0:
             line = f"{name} cannot be restored from the local tiers ({'; '.join(errors)})"
+            then = "trying the partners' copies of it" if again else "trying an older one"
             self._local_rejected[name] = line
-            logger.warning("local tier: %s; trying an older one", line)
-            warnings.warn(f"local tier: {line}; trying an older one", stacklevel=4)
+            logger.warning("local tier: %s; %s", line, then)
+            warnings.warn(f"local tier: {line}; {then}", stacklevel=4)
         return None
 
     def _ring_restored(self, step: int) -> bool:
