@@ -378,9 +378,9 @@ def controller_intervals(log, *, reference_s: Mapping[str, float] | None = None,
         starts = df.groupby("session", sort=False)["time_s"].min().to_numpy(float)[1:]
         for i, t in enumerate(starts):
             ax.axvline(t / 3600.0, color="0.5", ls=":", lw=1, label="restart" if i == 0 else None)
+    several = "tier" in df and df["tier"].nunique() > 1
     tiers = df.groupby("tier", sort=False) if "tier" in df else [(None, df)]
     for i, (tier, rows) in enumerate(tiers):
-        several = "tier" in df and df["tier"].nunique() > 1
         ax.step(
             rows["time_s"] / 3600.0,
             rows["interval_s"] / 60.0,

@@ -184,13 +184,13 @@ def is_temp_dir(path: str | os.PathLike) -> bool:
 IO_CHUNK = 64 << 20
 """Bytes per read or write call (the raw baseline's size)."""
 IOV_MAX = 1024
-"""Buffers per readv/writev call: POSIX's minimum, Linux's limit."""
+"""Buffers per readv call: POSIX's minimum, Linux's limit."""
 
 
 def io_groups(views: list[memoryview]) -> list[list[memoryview]]:
     """Buffers, in order, as groups of :data:`IO_CHUNK` bytes (a buffer larger than that split
-    across groups; at most :data:`IOV_MAX` buffers a group), each for one scatter read or
-    gather write (``readv``/``writev``): the raw baseline's 64 MB per call whatever the tensor
+    across groups; at most :data:`IOV_MAX` buffers a group), each for one scatter read
+    (``readv``) of a restore: the raw baseline's 64 MB per call whatever the tensor
     sizes, and few calls that release the GIL (a torch call or a read per tensor would hand
     the GIL to the CRC and prefault threads hundreds of times, and wait for it back each time
     on a busy machine)."""
@@ -215,8 +215,8 @@ CRC_BATCH = 8 << 20
 
 class CrcTrail:
     """The CRC-32 of byte slices handed over in order, computed in one thread that trails
-    whoever produces them (a restore's reads, a save's writes), so the checksum costs no extra
-    pass over the bytes.
+    whoever produces them (a restore's reads; a save's tensors while the file is flushed), so
+    the checksum costs no extra pass over the bytes.
 
     Slices go over in batches of ~:data:`CRC_BATCH` bytes (a GPT's hundreds of small tensors
     would otherwise cost a thread hand-off each) and must stay unchanged and alive until the

@@ -8,7 +8,6 @@ import os
 import re
 import secrets
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from simulator.ckptio.layout import (
     TENSOR_FILE,
     VERSION,
     CheckpointWriteError,
+    CrcTrail,
     bytes_of,
     crc32,
     fsync_dir,
@@ -167,52 +167,30 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
         found = re.search(r"os error (\d+)", str(exc))
         code = int(found.group(1)) if found else errno.EIO
         raise OSError(code, os.strerror(code) if found else str(exc)) from exc
-    result: dict[str, Any] = {}
-
-    def checksum() -> None:
-        try:
-            result["crc32"] = _file_crc(file, tensors)
-        except BaseException as exc:  # handed to the writing thread below
-            result["error"] = exc
-
-    worker = threading.Thread(target=checksum, name="ckptio-crc")
-    worker.start()
-    try:
-        if fsync:
-            fsync_file(file)
-    finally:
-        worker.join()
-    if "error" in result:
-        raise result["error"]
-    return {"bytes": file.stat().st_size, "crc32": result["crc32"]}
-
-
-def _file_crc(file: Path, tensors: dict[str, torch.Tensor]) -> int:
-    """CRC-32 of the whole file, from its (small) header on disk and the tensors in memory."""
+    # The header (small) from the file; the tensors' bytes from memory, in the header's order.
     size = file.stat().st_size
     with open(file, "rb") as f:
         head, header = read_header(f, size, file)
-    crc = crc32(header, crc32(head))
     entries = header_entries(header, size - 8 - len(header), file)
-    for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
-        t = tensors[name]
-        if t.numel() == 0:
-            continue
-        data = memoryview(bytes_of(t))
-        for i in range(0, len(data), _CRC_CHUNK):
-            crc = crc32(data[i : i + _CRC_CHUNK], crc)
-    return crc
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view) :]
+    with CrcTrail() as crc:
+        crc.add(memoryview(head))
+        crc.add(memoryview(header))
+        for name in sorted(entries, key=lambda n: entries[n]["data_offsets"][0]):
+            if tensors[name].numel():
+                data = memoryview(bytes_of(tensors[name]))
+                for i in range(0, len(data), _CRC_CHUNK):  # bounded: the GIL stays released
+                    crc.add(data[i : i + _CRC_CHUNK])
+        if fsync:
+            fsync_file(file)
+    return {"bytes": size, "crc32": crc.value}
 
 
 def _write_bytes(file: Path, data: bytes, *, fsync: bool) -> dict:
     fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        _write_all(fd, memoryview(data))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         if fsync:
             os.fsync(fd)
     finally:

@@ -167,7 +167,6 @@ class LocalTier:
         self.root = self.base / (run or "no-run-id")
         self.dir = self.root / sub if sub else self.root
         self.storage = LocalStorage(self.dir)
-        self.written: set[int] = set()
         self.disabled = why
         self.found = False
         if why is None:

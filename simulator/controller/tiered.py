@@ -176,12 +176,8 @@ class TierMixin:
         )
         keep = 2 if self.async_save else 1
         if local_keep_last is not None:
-            if isinstance(local_keep_last, bool) or not isinstance(local_keep_last, int):
-                raise InputError(
-                    f"local_keep_last must be a whole number of checkpoints >= 1, got "
-                    f"{local_keep_last!r}"
-                )
-            if local_keep_last < 1:
+            bad = isinstance(local_keep_last, bool) or not isinstance(local_keep_last, int)
+            if bad or local_keep_last < 1:
                 raise InputError(
                     f"local_keep_last must be a whole number of checkpoints >= 1, got "
                     f"{local_keep_last!r}"
@@ -279,7 +275,6 @@ class TierMixin:
                 warnings.warn(f"local tier: {problem}", stacklevel=2)
         else:
             write_and_commit(local.dir, local.storage, self.backend, step, state, barriers=False)
-        local.written.add(step)
         self.local_last_saved_step = step
         if self.backend.rank == 0:  # the line is logged once, by rank 0 (save())
             self._report(step, tier=LOCAL, bytes=self._checkpoint_bytes(step, local.storage))
@@ -308,7 +303,7 @@ class TierMixin:
         steps = [
             s
             for s in complete_steps(self.storage)
-            if f"step-{s:08d}" not in self._rejected and checkpoint_step(f"step-{s:08d}")
+            if checkpoint_name(s) not in self._rejected and checkpoint_step(checkpoint_name(s))
         ]
         return steps[-1] if steps else None
 

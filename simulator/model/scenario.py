@@ -35,7 +35,14 @@ from simulator.model.limits import (  # noqa: F401 (re-exported: the ranges were
     MIN_SECONDS,
 )
 from simulator.model.limits import check as check_range
-from simulator.model.tiers import FailureClass, Tier, parse_classes, parse_tiers, write_time_s
+from simulator.model.tiers import (
+    FailureClass,
+    Tier,
+    parse_classes,
+    parse_tiers,
+    scheduled,
+    write_time_s,
+)
 
 __all__ = [
     "DEFAULT_PRESET",
@@ -221,7 +228,7 @@ class Scenario:
         elif self.tiers and self.tiers[0].implicit:
             object.__setattr__(self, "tiers", ())  # the classes that made it are gone
         names = {c.name for c in self.failure_classes} or {IMPLICIT_CLASS}
-        saved = {t.name for t in self.tiers if not (t.jit or t.every_step)}
+        saved = {t.name for t in scheduled(self.tiers)}
         for t in self.tiers:
             if t.into is not None and t.into not in saved:
                 raise InputError(

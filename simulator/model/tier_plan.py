@@ -5,7 +5,8 @@ Vivien, Cappello, TPDS 2017; ``analytic.tier_first_order``): tier ℓ saved ever
 λℓ the rate of the failures ℓ serves (``model.tiers.served_by``), waste Σℓ √(2 λℓ Cℓ) plus
 each failure's recovery and restore; an asynchronous tier is saved no more often than its
 background write lasts (``after_writes``: the live controller's rule). ``first_order_plan``
-is that optimum, ``waste_at`` the same model at any intervals (the budget's). The single-tier
+is that optimum, ``waste_at`` the same model at any intervals, ``wall_per_work`` the budget's
+wall time from the same terms. The single-tier
 answer beside it (``single_tier_plan``) is today's single-tier machinery,
 ``simulator.recommend``'s exact optimum and Daly's expected wall time, at the classes'
 combined rate and their rate-weighted recovery (``OneTierJob``); when one tier serves every
@@ -157,11 +158,12 @@ def job_waste_fraction(scenario, waste_fraction: float, final_s: float) -> float
 
 def waste_at(scenario, intervals_s: dict[str, float]) -> float:
     """First-order waste of a tier schedule at any intervals (tier name -> seconds; ``inf``:
-    final save only), as a fraction of wall time: each tier's stalls Cℓ/τℓ, every step's
-    stall, and each class (``served_by``) losing half the shortest interval among the
-    scheduled tiers that survive it (half the work when none is saved on a schedule, half a
-    step when an every-step tier serves it, nothing when a just-in-time tier does) and paying
-    its recovery and restore (``failure_cost_s``)."""
+    final save only), as a fraction of wall time: each tier's stalls Cℓ/τℓ (an asynchronous
+    one's wait for a write that outlasts its interval too), every step's stall, and each
+    class (``served_by``) losing half the shortest interval among the scheduled tiers that
+    survive it (half the work when none is saved on a schedule, half a step when an
+    every-step tier serves it, nothing when a just-in-time tier does) and paying its recovery
+    and restore (``failure_cost_s``)."""
     waste = _stalls(scenario, intervals_s)
     waste += sum(rate * (lost + cost) for rate, lost, cost in _charges(scenario, intervals_s))
     return float(waste)
@@ -170,13 +172,15 @@ def waste_at(scenario, intervals_s: dict[str, float]) -> float:
 def _stalls(scenario, intervals_s: dict[str, float]) -> float:
     """Stall seconds per compute second: each tier's save over its interval, an asynchronous
     save waiting as well for the rest of the previous write when that outlasts the interval
-    (as the DES does), and every step's stall."""
+    (as the DES does: ``policies.after_the_write``), and every step's stall."""
+    from simulator.policies import after_the_write
+
     writers = save_writers(scenario)
     total = step_overhead(scenario.tiers)
     for t in scheduled(scenario.tiers):
         tau = intervals_s[t.name]
         if math.isfinite(tau):
-            wait = max(0.0, t.write_s(writers) - tau) if t.asynchronous else 0.0
+            wait = after_the_write(tau, t.write_s(writers)) - tau if t.asynchronous else 0.0
             total += (t.stall_s(writers) + wait) / tau
     return float(total)
 
