@@ -241,15 +241,22 @@ def test_writer_repeats_are_validated_and_default_to_repeats(tmp_path):
     assert BenchConfig(directory=tmp_path, repeats=4).writer_repeats is None
 
 
-def test_every_restore_and_raw_read_records_the_page_faults_it_took(tmp_path):
+def test_every_restore_and_raw_read_records_the_page_faults_it_took(tmp_path, monkeypatch):
+    import itertools
+
+    from simulator.bench import runner
+
+    # A fault counter that moves by 7 between any two reads: each load must record exactly
+    # the difference across it (a counter read in the wrong place, or not at all, fails).
+    ticks = itertools.count(0, 7)
+    monkeypatch.setattr(runner, "_minor_faults", lambda: next(ticks))
     cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=2)
     result = run_benchmark(cfg, progress=False)
     loads = [s for s in result.samples if s.get("bench") != "writers"]
     assert {s["format"] for s in loads} == {"raw", "ckptsim", "ckptsim-async"}
-    for s in loads:
-        assert isinstance(s["load_minor_faults"], int) and s["load_minor_faults"] >= 0
+    assert [s["load_minor_faults"] for s in loads] == [7] * len(loads)
     by_format = {r["format"]: r for r in result.results}
-    assert by_format["raw"]["load_minor_faults_median"] is not None
+    assert by_format["raw"]["load_minor_faults_median"] == 7
 
 
 @pytest.mark.slow
