@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import _cli
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,12 +23,7 @@ HOUR = 3600.0
 
 def run_cli(capsys, *argv):
     """(exit status, stdout, stderr) of ``ckptsim fit ARGV`` run in this process."""
-    try:
-        code = main(["fit", *map(str, argv)])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return _cli.run_cli(capsys, "fit", *map(str, argv))
 
 
 def fit_json(capsys, *argv):

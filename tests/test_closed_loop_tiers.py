@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_closed_loop import _write_jsonl
 
 from experiments.crashtest.accounting import account_run
 from experiments.crashtest.injector import KillSchedule
@@ -27,10 +28,6 @@ from experiments.crashtest.train_gpt import EVENTS, FINAL
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"n_layer": 1, "n_embd": 32, "block": 16}
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_accounting_of_a_hang_a_committed_preemption_and_a_node_loss(tmp_path):

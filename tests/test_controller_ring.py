@@ -25,7 +25,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _damage import flip_a_byte
-from test_controller_distributed import _batch, _free_port, _full_state, _model, _wrap
+from test_controller_distributed import (
+    _assert_bit_exact,
+    _batch,
+    _free_port,
+    _full_state,
+    _model,
+    _wrap,
+)
 
 STEPS = 16
 PROBE_STEPS = 2
@@ -189,18 +196,6 @@ def _tier(run: Path, host: int) -> Path:
 
 def _snapshot(run: Path, host: int, step: int, whose: str) -> Path:
     return _tier(run, host) / whose / f"step-{step:08d}"
-
-
-def _assert_bit_exact(reference: list[dict], resumed: list[dict]) -> None:
-    for ref, got in zip(reference, resumed, strict=True):
-        assert ref["model"].keys() == got["model"].keys()
-        for k in ref["model"]:
-            assert torch.equal(ref["model"][k], got["model"][k]), k
-        assert ref["optimizer"].keys() == got["optimizer"].keys()
-        for k, s in ref["optimizer"].items():
-            for name, v in s.items():
-                assert torch.equal(v, got["optimizer"][k][name]), (k, name)
-        assert torch.equal(ref["rng"], got["rng"])
 
 
 def _restore_event(run: Path) -> dict:
