@@ -9,15 +9,13 @@ checkpointer's own (injected) clock or on the wall clock.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from test_controller_tiers import Clock, make_run, train
 
 from simulator import ckptio
 from simulator.controller import AdaptiveCheckpointer, LocalStorage
@@ -25,22 +23,6 @@ from simulator.controller.runlog import RUNLOG, read_events
 from simulator.controller.storage import checkpoint_name
 from simulator.model.tiers import TierSchedule
 from simulator.policies import FixedInterval
-
-
-@pytest.fixture
-def local_root():
-    base = "/dev/shm" if Path("/dev/shm").is_dir() else None
-    path = Path(tempfile.mkdtemp(prefix="ckptsim-local-", dir=base))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class SlowStorage(LocalStorage):
@@ -59,19 +41,6 @@ class SlowStorage(LocalStorage):
             time.sleep(self.seconds)
         super().commit(name, write)
         self.committed.append((name, time.monotonic()))
-
-
-def make_run():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def train(model, opt, step):
-    g = torch.Generator().manual_seed(step)
-    opt.zero_grad()
-    model(torch.randn(4, 8, generator=g)).pow(2).mean().backward()
-    opt.step()
 
 
 def sigterm_self() -> None:

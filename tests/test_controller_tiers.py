@@ -33,15 +33,6 @@ from simulator.policies import FixedInterval
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def local_root():
-    """A directory in RAM (/dev/shm) when there is one, else in the temp directory."""
-    base = "/dev/shm" if Path("/dev/shm").is_dir() else None
-    path = Path(tempfile.mkdtemp(prefix="ckptsim-local-", dir=base))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 class Clock:
     """A clock the test moves: each training step takes ``step_s``, each save ``save_s``."""
 
