@@ -693,10 +693,13 @@ def _class_name(cause: str, taken: set[str]) -> str:
     return name
 
 
-def _one_class(name, fits, durations_s, hit, repair_s, *, system: bool, restart_given: bool):
+def _one_class(
+    name, fits, durations_s, hit, repair_s, *, system: bool, restart_given: bool, rep=None
+):
     """A ``[[failure_class]]`` table (and the comment lines that say where each number came
     from) from one cause's fits: its best simulable family at the level the log measured, and
-    its mean fitted down time as its restart_s."""
+    its mean fitted down time as its restart_s (``rep``: ``fit_log``'s fit of ``repair_s``,
+    when it made one)."""
     best, _ = _simulable(fits, durations_s, hit)
     table: dict = {"name": name, "failure": failure_spec(best)}
     table["mtbf_h" if system else "gpu_mtbf_h"] = best.mean_s / 3600.0
@@ -705,7 +708,8 @@ def _one_class(name, fits, durations_s, hit, repair_s, *, system: bool, restart_
         f" (passed over the better by AIC {', '.join(better)}: a mean the log does not support "
         "or a shape no simulation samples; `ckptsim fit` says which)" if better else ""
     )]  # fmt: skip
-    rep = None if repair_s is None else _repair_block(repair_s)
+    if rep is None and repair_s is not None:
+        rep = _repair_block(repair_s)
     if rep is not None:
         r = np.asarray(repair_s, float)
         r = r[np.isfinite(r) & (r > 0)]
@@ -747,11 +751,11 @@ def cause_classes(
     fitted = list(result["causes"])
     for cause in fitted:
         sub = result["causes"][cause]
-        hit = np.asarray([c == cause for c in causes], dtype=bool)
+        hit = causes == cause
         reps = None if rep_causes is None else log.repair_s[rep_causes == cause]
         table, notes = _one_class(
             _class_name(cause, taken), sub["fits"], t, hit, reps,
-            system=system, restart_given=restart_given,
+            system=system, restart_given=restart_given, rep=sub.get("repair"),
         )  # fmt: skip
         share = f"{sub['events']:,} of {total:,} failures ({100 * sub['events'] / total:.1f} %)"
         label = f"cause {cause!r}" + ("" if table["name"] == cause else f" as {table['name']!r}")
