@@ -249,10 +249,10 @@ def scheduled_only(scenario):
     return dataclasses.replace(scenario, tiers=tuple(scheduled(scenario.tiers)))
 
 
-def evaluations_for(scenario) -> int:
-    """How many schedules :func:`simulate_tier_plan` runs (each on every replica), when no
-    round needs running again (``EXTRA_ROUNDS``); more than ``MAX_SEARCHED_TIERS`` tiers to
-    search is one line."""
+def evaluations_for(scenario, rounds: int = len(ROUNDS)) -> int:
+    """How many schedules :func:`simulate_tier_plan` runs (each on every replica) in
+    ``rounds`` rounds of each search (the design's own; more when rounds run again,
+    ``EXTRA_ROUNDS``); more than ``MAX_SEARCHED_TIERS`` tiers to search is one line."""
     k, separate = _searched(scenario)
     if k > MAX_SEARCHED_TIERS:
         raise InputError(
@@ -261,18 +261,16 @@ def evaluations_for(scenario) -> int:
             f"together ({len(ROUNDS) * 3**MAX_SEARCHED_TIERS} schedules): merge tiers, or run "
             "chosen schedules with `ckptsim simulate --tier-interval-s NAME=SECONDS`"
         )
-    tiers = len(ROUNDS) * 3**k if k else 0
-    single = len(ROUNDS) * 3 if separate else 0
+    tiers = rounds * 3**k if k else 0
+    single = rounds * 3 if separate else 0
     return tiers + single + 3  # and the check: the two optima and the first-order plan
 
 
 def max_runs(scenario, replicas: int, extra: int = 0) -> int:
-    """Runs :func:`simulate_tier_plan` makes at most: its schedules (``evaluations_for``, and
-    ``extra`` more in the check) and every extra round each search may add, on every
-    replica; the size of its progress bar."""
-    k, separate = _searched(scenario)
-    rounds = EXTRA_ROUNDS * (3**k if k else 0) + (EXTRA_ROUNDS * 3 if separate else 0)
-    return (evaluations_for(scenario) + extra + rounds) * replicas
+    """Runs :func:`simulate_tier_plan` makes at most: its schedules with every extra round
+    each search may add, and ``extra`` more in the check, on every replica; the size of its
+    progress bar."""
+    return (evaluations_for(scenario, len(ROUNDS) + EXTRA_ROUNDS) + extra) * replicas
 
 
 def budget_schedules(scenario) -> list[TierSchedule]:
