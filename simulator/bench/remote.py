@@ -67,7 +67,13 @@ def run_remote_benchmark(cfg, *, progress: bool = True):
     """Measure every (size, dtype, format) ``cfg.repeats`` times at the URL ``cfg.directory``."""
     from tqdm import tqdm
 
-    from simulator.bench.runner import check_resources, interleaved, machine_facts, summarise
+    from simulator.bench.runner import (
+        check_resources,
+        disk_errors_are_the_users,
+        interleaved,
+        machine_facts,
+        summarise,
+    )
 
     check_remote(cfg)
     storage = open_remote(str(cfg.directory))
@@ -89,13 +95,9 @@ def run_remote_benchmark(cfg, *, progress: bool = True):
                     row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
                     row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
                     name = f"{work}/{job}-{rep}"
-                    try:
+                    what = f"the {job} checkpoint ({size} {dtype})"
+                    with disk_errors_are_the_users(what, cfg.directory):
                         state = _measure(job, state, ts.tensor_bytes, storage, name, row)
-                    except OSError as exc:
-                        raise InputError(
-                            f"the {job} checkpoint ({size} {dtype}) at {cfg.directory} "
-                            f"failed: {exc.strerror or exc}"
-                        ) from None
                     samples.append(row)
                     bar.update()
                 del ts, state

@@ -226,7 +226,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                 # One untimed write of the state's size first: the first large write after the
                 # state was built is slow for reasons of its own (fresh page-cache memory), and
                 # it would always land on the raw baseline, first in the first repeat.
-                with _disk_errors_are_the_users(f"the warm-up write ({size} {dtype})", directory):
+                with disk_errors_are_the_users(f"the warm-up write ({size} {dtype})", directory):
                     fmt_io.raw_write(work / f"warmup-{size}-{dtype}", ts.tensor_bytes)
                 shutil.rmtree(work / f"warmup-{size}-{dtype}", ignore_errors=True)
                 for rep, job in interleaved(jobs, cfg.repeats):
@@ -239,7 +239,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                         continue
                     row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
                     row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
-                    with _disk_errors_are_the_users(
+                    with disk_errors_are_the_users(
                         f"the {job} checkpoint ({size} {dtype})", directory
                     ):
                         where = work / f"{job}-{rep}"
@@ -253,7 +253,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
             bar.set_postfix_str(f"writers {','.join(map(str, cfg.writers))}")
             largest = max(parse_size(s) for s in cfg.sizes) * int(BYTES_PER_PARAM["fp32"])
             repeats = cfg.repeats if cfg.writer_repeats is None else cfg.writer_repeats
-            with _disk_errors_are_the_users("the concurrent-writer files", directory):
+            with disk_errors_are_the_users("the concurrent-writer files", directory):
                 samples.extend(run_writers(work, cfg.writers, largest, repeats))
     finally:
         bar.close()
@@ -271,9 +271,10 @@ def interleaved(jobs: list[str], repeats: int) -> Iterator[tuple[int, str]]:
 
 
 @contextlib.contextmanager
-def _disk_errors_are_the_users(what: str, directory: Path) -> Iterator[None]:
-    """Every write in --dir: a disk that fills up under the benchmark (another job writing) or
-    goes away is the user's to fix, a one-line error, never a traceback."""
+def disk_errors_are_the_users(what: str, directory: Path) -> Iterator[None]:
+    """Every write in --dir (a path or an object-store URL): a disk that fills up under the
+    benchmark (another job writing) or goes away is the user's to fix, a one-line error, never
+    a traceback."""
     try:
         yield
     except OSError as exc:
