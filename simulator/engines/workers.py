@@ -24,6 +24,7 @@ import multiprocessing.pool
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -72,7 +73,6 @@ def run_tasks(
     try:
         before = set(multiprocessing.active_children())
         pool = multiprocessing.Pool(workers, initializer=_ignore_sigint)
-        mine = [p for p in multiprocessing.active_children() if p not in before]
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         imap = pool.imap if ordered else pool.imap_unordered
         yield from imap(fn, tasks, chunksize)
@@ -86,7 +86,7 @@ def run_tasks(
             previous = None
         try:
             if pool is not None:
-                stopped = _stop(pool, mine)
+                stopped = _stop(pool, before)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -101,16 +101,23 @@ STOP_WAIT_S = 2.0
 """How long ``Pool.terminate()`` may take before the workers are killed without it."""
 
 
-def _stop(pool: multiprocessing.pool.Pool, workers: list) -> bool:
-    """Terminate ``pool``; True if it finished, False if its workers had to be killed."""
+def _stop(pool: multiprocessing.pool.Pool, before: set) -> bool:
+    """Terminate ``pool``; True if it finished, False if its workers had to be killed (every
+    child process not in ``before``, the ones alive before the pool: the pool's own thread may
+    have started a replacement for a worker that ended, which a list taken at the start would
+    miss)."""
     stopper = threading.Thread(target=pool.terminate, name="ckptsim-pool-stop", daemon=True)
     stopper.start()
     stopper.join(STOP_WAIT_S)
     if not stopper.is_alive():
         return True
-    for proc in workers:  # terminate() is stuck on a lock: end the workers without it
-        if proc.exitcode is None:
-            proc.kill()
-    for proc in workers:
-        proc.join(STOP_WAIT_S)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while (procs := [p for p in multiprocessing.active_children() if p not in before]) and (
+        time.monotonic() < deadline
+    ):  # terminate() is stuck on a lock: end the workers without it
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
     return False
