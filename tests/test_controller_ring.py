@@ -49,6 +49,7 @@ def _worker(
     stop_at: int | None,
     wrap: str,
     per_host: tuple[int, ...] | None,
+    steps: int = STEPS,
 ) -> None:
     from datetime import timedelta
 
@@ -92,7 +93,7 @@ def _worker(
         start = ckpt.restore()
         stats = dict(ckpt.stats)
         saved = {"local": [], "persistent": []}
-        for step in range(start + 1, STEPS + 1):
+        for step in range(start + 1, steps + 1):
             x, y = _batch(rank, step)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             opt.zero_grad()
@@ -135,9 +136,10 @@ def _run(
     world: int = 2,
     wrap: str = "ddp",
     per_host: tuple[int, ...] | None = None,
+    steps: int = STEPS,
 ) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    args = (world, _free_port(), str(base), str(out), stop_at, wrap, per_host)
+    args = (world, _free_port(), str(base), str(out), stop_at, wrap, per_host, steps)
     try:
         mp.start_processes(_worker, args=args, nprocs=world, start_method="fork")
     except mp.ProcessExitedException:
@@ -250,8 +252,70 @@ def test_a_lost_host_gets_its_snapshot_back_from_its_partner(reference, killed, 
     assert resumed[0]["stats"]["local_found"] is False  # a node loss, for the failure classes
     event = _restore_event(run)
     assert (event["tier"], event["from_partners"]) == ("local", [1])
-    assert any("took their snapshots from their partners' copies" in x for x in resumed[0]["log"])
+    assert any("took their snapshots from copies that survived" in x for x in resumed[0]["log"])
+    assert any(
+        "rank 1 took its snapshot of step" in x and "from rank 0" in x for x in resumed[1]["log"]
+    )
     _assert_bit_exact(reference, resumed)
+
+
+def _run_dirs(run: Path) -> dict[str, list[str]]:
+    return {
+        f"host{h}": sorted(p.name for p in _tier(run, h).iterdir() if not p.name.startswith("."))
+        for h in (0, 1)
+    }
+
+
+def test_ranks_that_swap_hosts_take_their_snapshots_from_where_they_are(
+    reference, killed, tmp_path
+):
+    """A relaunch under c10d rendezvous may put rank 0 on rank 1's old host and rank 1 on rank
+    0's: each finds the other's snapshot and copy beside it and none of its own. The snapshots
+    are found where they are, each rank gets its own over the wire, the run resumes from the
+    local tier bit-exactly, and the directories no rank uses any more are removed once the
+    session's first snapshot is complete on every rank."""
+    run = _copy(killed, tmp_path)
+    (run / "host0").rename(run / "swap")
+    (run / "host1").rename(run / "host0")
+    (run / "swap").rename(run / "host1")
+    assert _run_dirs(run) == {
+        "host0": ["copy-of-rank-0", "rank-1"],
+        "host1": ["copy-of-rank-1", "rank-0"],
+    }
+    resumed = _run(run, tmp_path / "out")
+    _, local, _ = killed
+    assert [r["start"] for r in resumed] == [local, local]
+    assert resumed[0]["stats"]["restored_tier"] == "local"
+    assert resumed[0]["stats"]["restored_from_partners"] == [0, 1]
+    assert not any("held nothing" in w for r in resumed for w in r["warnings"])
+    _assert_bit_exact(reference, resumed)
+    assert _run_dirs(run) == {
+        "host0": ["copy-of-rank-1", "rank-0"],
+        "host1": ["copy-of-rank-0", "rank-1"],
+    }
+    assert any("which no rank of this job uses" in x for r in resumed for x in r["log"])
+
+
+def test_after_a_world_size_change_the_older_branchs_snapshots_are_never_taken(killed, tmp_path):
+    """2 ranks leave local step N; a 1-rank session goes on from the persistent tier and saves
+    its own step N. Relaunched with 2 ranks, the local snapshots of step N (the older branch)
+    must not be taken in place of that session's step N, which would silently drop its work:
+    its checkpoint holds one rank's position only, so the launch is refused, saying how to
+    resume it."""
+    run = _copy(killed, tmp_path)
+    _, local, persistent = killed
+    (alone,) = _run(run, tmp_path / "one", world=1, steps=local)  # closes at N: persistent N
+    assert alone["start"] == persistent
+    assert (run / "ckpt" / f"step-{local:08d}").is_dir()
+    assert (_tier(run, 1) / "rank-1" / f"step-{local:08d}").is_dir()  # the old branch's
+    with pytest.raises(mp.ProcessRaisedException) as info:
+        _run(run, tmp_path / "two", steps=local + 1)
+    message = str(info.value)
+    assert "IncompatibleCheckpoint" in message and "relaunch with 1 ranks" in message
+    aside = _tier(run, 1) / "rank-1" / f"step-{local:08d}.rejected-superseded"
+    ring = json.loads((aside / "ring.json").read_text())
+    record = json.loads((run / "ckpt" / ".ckptsim-run").read_text())
+    assert ring["generation"] < record["generation"]  # what the restore refused it for
 
 
 def test_a_shard_lost_on_both_holders_falls_back_to_the_persistent_tier(
@@ -265,7 +329,7 @@ def test_a_shard_lost_on_both_holders_falls_back_to_the_persistent_tier(
     assert [r["start"] for r in resumed] == [persistent, persistent]
     assert resumed[0]["stats"]["restored_tier"] == "persistent"
     said = " ".join(resumed[0]["warnings"])
-    assert f"step {local}: the local snapshot of rank(s) [1] survives neither" in said
+    assert f"step {local}: the local snapshot of rank(s) [1] survives on no host" in said
     assert f"restored step {persistent} from the persistent tier" in said
     _assert_bit_exact(reference, resumed)
 

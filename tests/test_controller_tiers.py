@@ -8,6 +8,7 @@ read-only mount, a full tmpfs), and each case checks what was restored and what 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -232,6 +233,51 @@ def test_a_stale_local_directory_of_another_run_is_never_taken(tmp_path, local_r
     assert step == 65 and same_weights(model, weights_at(65))  # not the other run's 145
     assert any("other run" in m and stale.name in m for m in said)
     assert steps_in(stale) == [145]  # never deleted
+    ck.close()
+
+
+def test_a_later_sessions_branch_wins_over_a_newer_local_snapshot_of_a_dead_branch(
+    tmp_path, local_root
+):
+    """A fork: session A leaves local 145 on host A (persistent 125). Its host is away, so
+    session B restores the persistent 125 on host B, trains other data to 140 and stops
+    (persistent 140). Back on host A, session C must go on from B's 140: A's 145 is newer but
+    of a dead branch, and taking it would silently drop B's work."""
+    host_a, host_b = local_root / "a", local_root / "b"
+    _crash_after(tmp_path, host_a, 150)  # local 145 on host A; persistent 125
+    clock = Clock()
+    model, opt = make_run(seed=1)
+    ck = tiered(tmp_path, host_b, model, opt, clock=clock)
+    assert ck.restore() == 125 and ck.stats["restored_tier"] == "persistent"
+    for step in range(126, 141):
+        train(model, opt, step + 1000)  # B's branch: other data than A had
+        clock.t += 0.1
+        ck.step(step)
+    ck.close()  # the final save: persistent 140
+    b_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    assert steps_in(tmp_path)[-1] == 140
+
+    ck, step, model, said = _relaunch(tmp_path, host_a)
+    assert step == 140 and ck.stats["restored_tier"] == "persistent"
+    assert same_weights(model, b_weights)
+    assert any("superseded" in m and "generation 1 " in m and "step-00000145" in m for m in said)
+    assert any("held only snapshots of an earlier branch" in m for m in said)
+    ck.close()
+
+
+def test_a_session_that_never_restores_starts_a_branch_and_drops_the_old_snapshots(
+    tmp_path, local_root
+):
+    _crash_after(tmp_path, local_root, 150)  # local 145, generation 0
+    clock = Clock()
+    model, opt = make_run()
+    ck = tiered(tmp_path, local_root, model, opt, clock=clock)  # no restore(): from step 0
+    run_steps(ck, model, opt, 0, 30, clock)
+    # Its local save at 25 is kept: the dead 145 is gone, not ranked above it by retention.
+    assert steps_in(run_dir(local_root)) == [25]
+    meta = json.loads((run_dir(local_root) / checkpoint_name(25) / ckptio.META_FILE).read_text())
+    record = json.loads((tmp_path / RUN_ID_FILE).read_text())
+    assert meta["tiered"]["generation"] == record["generation"] == 2
     ck.close()
 
 

@@ -490,6 +490,7 @@ class AdaptiveCheckpointer(TierMixin):
         step = int(step)
         self._check_tier(tier)
         self._finish_inflight()
+        self._settle_generation()  # a session that never restored starts a branch of its own
         t0 = self.clock()
         self._measure_iterations(step)
         error: BaseException | None = None
@@ -707,7 +708,7 @@ class AdaptiveCheckpointer(TierMixin):
                 continue
             foreign = self._foreign(state)
             if foreign is not None:
-                self._reject(name, "foreign", foreign)
+                self._reject(name, *foreign)
                 continue
             check_config(
                 store.describe(name),

@@ -26,6 +26,16 @@ persistent tier with a warning; when neither tier holds an intact checkpoint but
 checkpoints, the restore refuses (:class:`~simulator.controller.integrity.NoIntactCheckpoint`)
 as it does with one tier.
 
+Branches. A session that goes on from anything but the local tier's newest snapshot — from
+the persistent tier (the host was lost, or its snapshot was damaged) or from step 0 — starts a
+new branch of the run, and any local snapshot of an earlier branch is dead: restoring one
+later (its host comes back, or a job of another size could not read it) would drop the work of
+every session since, even when its step is the newer one. So the run's record
+(:data:`RUN_ID_FILE`) also holds a *generation*, raised (by rank 0, holding the directory's
+lock, before this session saves anything) whenever a session starts a new branch; every local
+snapshot records the generation it was written in, and one of an earlier generation is
+refused at restore as superseded (moved aside like any refused one) whatever its step.
+
 Under torch.distributed each rank's checkpoints are in ``<local_dir>/<run id>/rank-<r>/`` and
 a copy of another rank's beside them (:mod:`simulator.controller.local_ring`); ``{rank}`` in
 ``local_dir`` is replaced by the rank.
@@ -44,6 +54,7 @@ import re
 import uuid
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 from simulator import ckptio
 from simulator.controller.objstore import is_url
@@ -51,10 +62,31 @@ from simulator.controller.runlog import open_regular
 from simulator.controller.storage import LocalStorage
 from simulator.errors import InputError
 
-__all__ = ["RANK_FIELD", "RUN_ID_FILE", "LocalTier", "check_local_dir", "run_id"]
+__all__ = [
+    "RANK_FIELD",
+    "RUN_ID_FILE",
+    "LocalTier",
+    "RunRecord",
+    "check_local_dir",
+    "next_generation",
+    "run_id",
+    "superseded",
+]
 
 RUN_ID_FILE = ".ckptsim-run"
-"""In the persistent directory: the run's id, made by its first session."""
+"""In the persistent directory: the run's id, made by its first session, and its generation."""
+
+
+class RunRecord(NamedTuple):
+    """What :data:`RUN_ID_FILE` holds: the run's id and the generation of its local tiers."""
+
+    run_id: str
+    generation: int
+    """How many times a session went on from anything but the local tier's newest snapshot
+    (the persistent tier, or step 0): a local snapshot counts only if written in the
+    current generation (module docstring, "Branches")."""
+
+
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _MAX_BYTES = 4096
 
@@ -83,8 +115,8 @@ def check_local_dir(local_dir, directory, *, remote: bool, rank: int = 0) -> Pat
     return local
 
 
-def run_id(storage, root, *, remote: bool, create: bool) -> tuple[str | None, str | None]:
-    """(the run's id, None) from the persistent directory, made there on first use when
+def run_id(storage, root, *, remote: bool, create: bool) -> tuple[RunRecord | None, str | None]:
+    """(the run's record, None) from the persistent directory, made there on first use when
     ``create``; (None, why) when it cannot be read or made."""
     try:
         data = _read(storage, root, remote=remote)
@@ -92,24 +124,57 @@ def run_id(storage, root, *, remote: bool, create: bool) -> tuple[str | None, st
         return None, f"cannot read {RUN_ID_FILE}: {exc.strerror or exc}"
     if data is not None:
         try:
-            value = json.loads(data).get("run_id")
+            body = json.loads(data)
+            value, generation = body.get("run_id"), body.get("generation", 0)
         except (ValueError, AttributeError, RecursionError):
-            value = None
+            value, generation = None, None
         if not isinstance(value, str) or not _RUN_ID.match(value):
             return None, f"{RUN_ID_FILE} holds no valid run id (remove it to start a new one)"
-        return value, None
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            return None, (
+                f"{RUN_ID_FILE} holds no valid generation ({generation!r}); remove it to start "
+                "a new one"
+            )
+        return RunRecord(value, generation), None
     if not create:
         return None, f"no {RUN_ID_FILE} (the directory cannot be written)"
-    value = uuid.uuid4().hex
-    body = (json.dumps({"run_id": value}) + "\n").encode()
+    record = RunRecord(uuid.uuid4().hex, 0)
+    why = _write_record(storage, root, record, remote=remote)
+    return (None, why) if why else (record, None)
+
+
+def next_generation(
+    storage, root, record: RunRecord, *, remote: bool
+) -> tuple[int | None, str | None]:
+    """Record in the persistent directory that the run goes on from a branch of its own:
+    (the new generation, None), or (None, why it could not be recorded)."""
+    new = RunRecord(record.run_id, record.generation + 1)
+    why = _write_record(storage, root, new, remote=remote)
+    return (None, why) if why else (new.generation, None)
+
+
+def superseded(saved, generation: int) -> tuple[str, str] | None:
+    """Why a local snapshot written in generation ``saved`` is not of the run's current
+    ``generation`` (``("superseded", reason)``), or None. A snapshot from before generations
+    were recorded counts as generation 0."""
+    if saved == generation:
+        return None
+    return "superseded", (
+        f"written in generation {saved!r} of this run, which a later session left for another "
+        f"checkpoint (generation {generation} now): restoring it would drop that session's work"
+    )
+
+
+def _write_record(storage, root, record: RunRecord, *, remote: bool) -> str | None:
+    body = (json.dumps({"run_id": record.run_id, "generation": record.generation}) + "\n").encode()
     try:
         if remote:
             storage.write_bytes(RUN_ID_FILE, body)
         else:
             _write_atomically(Path(root) / RUN_ID_FILE, body)
     except OSError as exc:
-        return None, f"cannot write {RUN_ID_FILE}: {exc.strerror or exc}"
-    return value, None
+        return f"cannot write {RUN_ID_FILE}: {exc.strerror or exc}"
+    return None
 
 
 def _read(storage, root, *, remote: bool) -> bytes | None:
@@ -160,9 +225,12 @@ class LocalTier:
         keep_last: int,
         why: str | None,
         sub: str | None = None,
+        generation: int = 0,
     ):
         self.base = Path(local_dir)
         self.run_id = run
+        self.generation = generation
+        """The run's generation (:class:`RunRecord`): what this session's snapshots record."""
         self.keep_last = keep_last
         self.root = self.base / (run or "no-run-id")
         self.dir = self.root / sub if sub else self.root
