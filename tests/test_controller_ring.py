@@ -453,6 +453,67 @@ def test_hosts_running_different_numbers_of_ranks_agree_on_one_partner_each(tmp_
         assert list((_tier(tmp_path / "run", (rank + 1) % 3)).glob(f"copy-of-rank-{rank}/step-*"))
 
 
+def _hung_worker(rank: int, port: int, base: str) -> None:
+    """Rank 1 stops (SIGSTOP, as a hung process) where it would exchange its first local
+    snapshot; rank 0 writes its log to a file as it goes."""
+    from datetime import timedelta
+
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller.distributed import DistributedBackend
+    from simulator.controller.local_ring import Ring
+    from simulator.model.tiers import TierSchedule
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=4))
+    torch.set_num_threads(1)
+    log = logging.getLogger("simulator.controller")
+    log.setLevel(logging.INFO)
+    log.addHandler(logging.FileHandler(Path(base) / f"rank{rank}.log"))
+    if rank == 1:
+        Ring._exchange = lambda *a, **k: os.kill(os.getpid(), signal.SIGSTOP)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    now = [0.0]
+    ckpt = AdaptiveCheckpointer(
+        Path(base) / "ckpt",
+        model=model,
+        optimizer=opt,
+        policy=TierSchedule(dict(TIERS)),
+        backend=DistributedBackend(),
+        clock=lambda: now[0],
+        probe_steps=PROBE_STEPS,
+        local_dir=str(Path(base) / "host{rank}"),
+    )
+    ckpt.restore()
+    for step in range(1, STEPS + 1):
+        now[0] += STEP_S
+        ckpt.step(step)
+    os._exit(0)
+
+
+def test_a_hung_partner_is_named_in_the_log_before_the_job_waits_on_it(tmp_path):
+    context = mp.start_processes(
+        _hung_worker,
+        args=(_free_port(), str(tmp_path)),
+        nprocs=2,
+        start_method="fork",
+        join=False,
+    )
+    first, second = context.processes
+    try:
+        first.join(timeout=90)  # rank 0 fails at the exchange, then at the next collective
+        assert first.exitcode not in (None, 0)
+    finally:
+        for proc in (first, second):
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.join(timeout=10)
+    said = (tmp_path / "rank0.log").read_text()
+    assert "exchange of snapshots with rank 1 on" in said
+    assert "hung or dead" in said
+
+
 def test_a_backend_that_cannot_write_a_ranks_own_snapshot_is_refused_in_one_line(tmp_path):
     from simulator.controller import AdaptiveCheckpointer
     from simulator.controller.backend import LocalBackend

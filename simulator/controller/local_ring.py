@@ -320,11 +320,13 @@ class Ring:
         peers = sorted({p for p in (send_to, recv_from) if p is not None})
         who = ", ".join(f"rank {p} on {self.hosts[p]}" for p in peers)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return (
+        message = (
             f"the local tier's exchange of snapshots with {who} did not complete ({first}); "
             "a rank that stopped answering (hung or dead) holds up the ring, and the job's next "
             "collective will wait on it too"
         )
+        logger.error("local tier: rank %d: %s", self.rank, message)  # said before that wait
+        return message
 
     # -- saving -----------------------------------------------------------------------------
     def save(self, step: int, state: dict) -> str | None:
