@@ -26,18 +26,28 @@ host. The receiver stages what arrives, checks each
 file against the sender's manifest (size and CRC-32) and commits it. One rank: no partner, no
 copy (said once in the log).
 
-Restore. Every rank checks what it holds — its own snapshots and the copies it keeps — by the
-same verification as any checkpoint (:func:`~simulator.controller.commit.choose_checkpoint`:
-manifest, every CRC; damaged ones are moved aside), then its ``ring.json`` (this run, the rank
-it should be, this world size, the step its name says) and its DCP ``.metadata`` through the
-no-pickle reader (:mod:`~simulator.controller.safe_metadata`). Whatever fails is refused,
-warned about and treated as missing. The ranks then exchange these inventories
-(``all_gather_object``) and all compute the same answer: the newest step of which every rank's
-snapshot survives somewhere (its own, or its partner's copy). A rank whose own copy is missing
-receives it from the partner (committed into its own directory again), then every rank loads
-its own snapshot. When no step survives whole (a rank and its partner both lost), or the
-copies were written by a job of another world size, the persistent tier is used, with a
-warning that says why.
+Restore. Every snapshot directory of the run that a host shows (``rank-<o>`` and
+``copy-of-rank-<o>`` in the run's local tier, and in every rank's when ``local_dir`` has
+``{rank}``) is checked by exactly one rank — the rank using it, else the lowest rank on that
+host that sees it (:meth:`Ring._scanned`) — by the same verification as any checkpoint
+(:func:`~simulator.controller.commit.choose_checkpoint`: manifest, every CRC; damaged ones
+are moved aside), then its ``ring.json`` (this run, the rank its name says, this generation
+and world size, the step its name says) and its DCP ``.metadata`` through the no-pickle reader
+(:mod:`~simulator.controller.safe_metadata`). Whatever fails is refused, warned about and
+treated as missing. The ranks then exchange these inventories (``all_gather_object``) and all
+compute the same answer: the newest step of which every rank's snapshot survives somewhere. A
+rank whose own directory lacks it takes it from a copy on its own host, else from the lowest
+rank that holds one (its partner, unless the ranks moved hosts: c10d rendezvous may put rank 0
+where rank 1 was), one move at a time in one order on every rank, and commits it in its own
+directory; then every rank loads its own snapshot. When no step survives whole (a rank and its
+partner both lost), or the copies were written by a job of another world size or an earlier
+branch of the run (:mod:`~simulator.controller.local_tier`, "Branches"), the persistent tier
+is used, with a warning that says why. Directories no rank of this job uses (left where ranks
+used to be) are removed once this session's first snapshot is complete on every rank.
+
+A rank that stops answering during an exchange (hung, or dead without its process group
+noticing) fails the wait after the process group's timeout; the failure names that rank and
+its host in the log at once, since the job's next collective then waits on it too.
 """
 
 from __future__ import annotations
