@@ -50,8 +50,11 @@ def _worker(
     wrap: str,
     per_host: tuple[int, ...] | None,
     steps: int = STEPS,
+    shared: bool = False,
 ) -> None:
     from datetime import timedelta
+
+    from simulator.controller import local_ring
 
     from simulator.controller import AdaptiveCheckpointer
     from simulator.controller.distributed import DistributedBackend
@@ -61,6 +64,8 @@ def _worker(
     os.environ["MASTER_PORT"] = str(port)
     if per_host is not None:  # what torchrun tells each rank about its host
         os.environ["LOCAL_WORLD_SIZE"] = str(per_host[rank])
+    if shared:  # one local_dir that two "hosts" see: a shared file system, by mistake
+        local_ring._HOST = (f"host-of-rank-{rank}", str(rank))
     # A send that never meets its receive fails the test in a minute, not gloo's 30.
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
@@ -88,7 +93,7 @@ def _worker(
             clock=lambda: now[0],
             probe_steps=PROBE_STEPS,
             keep_last=2,
-            local_dir=str(Path(base) / "host{rank}"),
+            local_dir=str(Path(base) / ("shared" if shared else "host{rank}")),
         )
         start = ckpt.restore()
         stats = dict(ckpt.stats)
@@ -137,9 +142,10 @@ def _run(
     wrap: str = "ddp",
     per_host: tuple[int, ...] | None = None,
     steps: int = STEPS,
+    shared: bool = False,
 ) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    args = (world, _free_port(), str(base), str(out), stop_at, wrap, per_host, steps)
+    args = (world, _free_port(), str(base), str(out), stop_at, wrap, per_host, steps, shared)
     try:
         mp.start_processes(_worker, args=args, nprocs=world, start_method="fork")
     except mp.ProcessExitedException:
@@ -211,7 +217,9 @@ def test_each_rank_keeps_its_own_snapshot_and_its_partners_copy(killed):
     pairs = [("rank-0", "copy-of-rank-1"), ("rank-1", "copy-of-rank-0")]
     for host, (own, copy) in enumerate(pairs):
         tier = _tier(run, host)
-        assert sorted(p.name for p in tier.iterdir()) == sorted([own, copy])
+        assert sorted(p.name for p in tier.iterdir() if p.name != ".ckptsim-root") == sorted(
+            [own, copy]
+        )
         mine, held = tier / own / f"step-{local:08d}", tier / copy / f"step-{local:08d}"
         # A whole one-rank DCP checkpoint (its own .metadata), sealed by a manifest.
         assert {".metadata", "__0_0.distcp", "ring.json", "manifest.json"} <= {
@@ -294,6 +302,25 @@ def test_ranks_that_swap_hosts_take_their_snapshots_from_where_they_are(
         "host1": ["copy-of-rank-0", "rank-1"],
     }
     assert any("which no rank of this job uses" in x for r in resumed for x in r["log"])
+
+
+def test_a_local_dir_two_hosts_share_by_mistake_loses_no_snapshot_of_a_rank(
+    reference, killed, tmp_path
+):
+    """Two "hosts" (other host names) see one local_dir, as on a shared file system: each
+    directory is still checked by one rank, and none a rank uses is taken for a stray."""
+    _, local, _ = killed
+    base = tmp_path / "run"
+    assert _run(base, tmp_path / "out1", stop_at=local + 1, shared=True) == []
+    resumed = _run(base, tmp_path / "out2", shared=True)
+    assert [r["start"] for r in resumed] == [local, local]
+    assert resumed[0]["stats"]["restored_tier"] == "local"
+    assert resumed[0]["stats"]["restored_from_partners"] == []
+    assert not any("which no rank of this job uses" in x for r in resumed for x in r["log"])
+    (tier,) = [p for p in (base / "shared").iterdir() if p.is_dir()]
+    names = sorted(p.name for p in tier.iterdir() if not p.name.startswith("."))
+    assert names == ["copy-of-rank-0", "copy-of-rank-1", "rank-0", "rank-1"]
+    _assert_bit_exact(reference, resumed)
 
 
 def test_after_a_world_size_change_the_older_branchs_snapshots_are_never_taken(killed, tmp_path):
@@ -565,7 +592,7 @@ def test_one_rank_keeps_a_local_snapshot_without_a_partner_and_restores_it(tmp_p
             opt.zero_grad()
             ck.save(step, tier="persistent" if step == 1 else "local")
         ck.close(finished=False)
-        assert [p.name for p in (_tier(tmp_path, 0)).iterdir()] == ["rank-0"]
+        assert sorted(p.name for p in _tier(tmp_path, 0).iterdir()) == [".ckptsim-root", "rank-0"]
         again = _model()
         again_opt = torch.optim.AdamW(again.parameters(), lr=0.05)
         ck = checkpointer(again, again_opt)

@@ -58,6 +58,7 @@ import os
 import re
 import shutil
 import socket
+import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -536,10 +537,10 @@ class Ring:
         ]
         return [(p, o) for p, o in mine if o < self.world]
 
-    def _listing(self) -> list[tuple[tuple, str, int | None, bool]]:
+    def _listing(self) -> list[tuple[tuple, str, int, bool]]:
         """``(key, path, owner, used)`` of every snapshot directory of this run on this
-        host: ``key`` names the directory across ranks (host, device, inode), ``used`` says
-        it is this rank's own or held one."""
+        host: ``key`` names the directory alike on every rank that sees it (its root's id
+        and its name), ``used`` says it is this rank's own or held one."""
         if not self.tier.usable:
             return []
         used = {self.tier.dir} | ({self.held.root} if self.held is not None else set())
@@ -547,12 +548,12 @@ class Ring:
         for root in self.roots:
             if root.is_symlink() or not root.is_dir():
                 continue
+            rid = _root_id(root)
             for entry in sorted(root.iterdir()):
                 m = _SNAPSHOT_DIR.match(entry.name)
                 if m is None or entry.is_symlink() or not entry.is_dir():
                     continue
-                st = entry.stat()
-                out.append(((_HOST, st.st_dev, st.st_ino), str(entry), int(m[2]), entry in used))
+                out.append(((rid, entry.name), str(entry), int(m[2]), entry in used))
         return out
 
     def clean_strays(self) -> None:
@@ -639,6 +640,42 @@ def _read_ring_file(path: Path) -> dict:
     if not isinstance(body, dict) or body.get("format") != _RING_FORMAT:
         raise CorruptCheckpoint(f"{path.name}: {RING_FILE} is not a ckptsim ring record")
     return body
+
+
+_ROOT_ID = ".ckptsim-root"
+"""In each run directory of a local tier: a random id, so that ranks that see one directory
+(on one host, or through a file system shared by mistake) name it alike, and ranks that see
+two directories of one path (one per host) do not."""
+
+
+def _root_id(root: Path) -> str:
+    """The id of the run directory ``root``, made (atomically: a link, never overwritten) by
+    the first rank to ask; where it can be neither read nor made, this host's name and the
+    directory's inode stand in."""
+    path = root / _ROOT_ID
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                value = f.read(64).decode("ascii", "replace").strip()
+            if value:
+                return value
+        except FileNotFoundError:
+            pass
+        except OSError:
+            break
+        tmp = root / f"{_ROOT_ID}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.write_text(uuid.uuid4().hex + "\n", encoding="ascii")
+            os.link(tmp, path)  # fails if another rank made it first: read that one
+        except FileExistsError:
+            pass
+        except OSError:
+            break
+        finally:
+            tmp.unlink(missing_ok=True)
+    st = root.stat()
+    return f"{_HOST[0]}:{_HOST[1]}:{st.st_dev}:{st.st_ino}"
 
 
 def _copy_checked(src: Path, files: dict, into: Path | None) -> str | None:
