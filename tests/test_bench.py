@@ -308,7 +308,10 @@ def test_fresh_process_restore_study_times_each_load_in_its_own_process(tmp_path
     assert sorted((r["pair"], r["job"]) for r in data["rows"]) == sorted(
         (p, j) for p in range(2) for j in restore_fresh_process.JOBS
     )
-    assert all(r["seconds"] > 0 and r["minor_faults"] >= 0 for r in data["rows"])
+    assert all(r["seconds"] > 0 for r in data["rows"])
+    # Without the prefaulter a fresh process faults its new buffers in as it reads into them
+    # (1.2 MB here: hundreds of 4 KiB pages); the count is the process's own, so it is seen.
+    assert all(r["minor_faults"] > 100 for r in data["rows"] if r["job"] != "restore")
     assert all(r["prefaulted"] == 0 for r in data["rows"] if r["job"] != "restore")
     assert all(len(v) == 2 for v in data["ratios"].values())
     md = (tmp_path / "restore-fresh-process.md").read_text()
