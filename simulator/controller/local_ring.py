@@ -277,18 +277,28 @@ class Ring:
                     fds[name] = os.open(into / name, flags, 0o644)
             except OSError as exc:
                 problem = f"cannot stage it in {into}: {exc.strerror or exc}"
+        sending: dict[str, int | None] = {}  # name -> open fd (None: unreadable)
+        outgoing = torch.empty(min(CHUNK_BYTES, max((n for *_, n in out_p), default=0)),
+                               dtype=torch.uint8)  # fmt: skip
         try:
             for i in range(max(len(out_p), len(in_p))):
                 works, buf = [], None
                 if i < len(out_p):
                     name, off, n = out_p[i]
-                    data = torch.zeros(n, dtype=torch.uint8)
-                    try:
-                        with open(out_dir / name, "rb") as f:
-                            f.seek(off)
-                            f.readinto(data.numpy())
-                    except OSError:
-                        pass  # zeros go out; the receiver's CRC check refuses them
+                    if name not in sending:
+                        try:
+                            sending[name] = os.open(out_dir / name, os.O_RDONLY | os.O_NOFOLLOW)
+                        except OSError:
+                            sending[name] = None
+                    data = outgoing[:n]  # each send is waited for before the next fills it
+                    got = 0
+                    if sending[name] is not None:
+                        try:
+                            got = os.preadv(sending[name], [data.numpy()], off)
+                        except OSError:
+                            got = 0
+                    if got < n:
+                        data[got:] = 0  # the receiver's CRC check refuses what is missing
                     data = data.to(self.device)
                     works.append(dist.isend(data, group=self.group, group_dst=send_to))
                 if i < len(in_p):
@@ -311,8 +321,9 @@ class Ring:
                     except OSError as exc:
                         problem = f"cannot write it in {into}: {exc.strerror or exc}"
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            for fd in [*fds.values(), *sending.values()]:
+                if fd is not None:
+                    os.close(fd)
         if recv_from is None:
             return None
         if problem is None:
@@ -628,11 +639,8 @@ class Ring:
 
 
 def _read_ring_file(path: Path) -> dict:
-    file = path / RING_FILE
     try:
-        if os.lstat(file).st_size > _MAX_RING_BYTES:
-            raise CorruptCheckpoint(f"{path.name}: {RING_FILE} is larger than it can be")
-        body = json.loads(file.read_bytes())
+        body = json.loads(LocalStorage(path).read_bytes(RING_FILE, _MAX_RING_BYTES))
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{path.name}: no {RING_FILE} (not a ring snapshot)") from None
     except (OSError, ValueError, RecursionError) as exc:
