@@ -58,6 +58,12 @@ def test_the_default_split_is_llama3s_share_of_failures_whose_host_survived():
     # Table 5 of the Llama 3 paper: software (56) and hangs (7) of 419 interruptions leave
     # their hosts up; the preset's rates give the same share.
     assert default_process_share() == pytest.approx((56 + 7) / 419, rel=0.02)
+    # One split for every caller: the classes' rates add up to the job's, in that share.
+    from simulator.controller.tier_schedule import mtbf_by_class
+
+    split = mtbf_by_class(3600.0)
+    assert 1 / split["process"] + 1 / split["node"] == pytest.approx(1 / 3600.0, rel=1e-12)
+    assert 3600.0 / split["process"] == pytest.approx(default_process_share(), rel=1e-12)
 
 
 def test_priors_come_from_a_scenarios_tier_and_class_tables():

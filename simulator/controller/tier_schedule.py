@@ -22,19 +22,19 @@ Priors: from a scenario's ``[[failure_class]]`` tables when given (a class that 
 down, ``nodes_lost = 0``, is a process failure; the others are node losses) and its
 ``[[tier]]`` tables (the tier that survives every class is the persistent one, the cheapest
 other one the local one), else from ``mtbf_h`` split as Llama 3 405B's interruptions were
-(:func:`default_process_share`: the preset ``llama3-mix``, whose host-surviving classes —
-software and hangs — are 15 % of the rate).
+(:func:`simulator.model.tiers.split_mtbf`: the preset ``llama3-mix``, whose host-surviving
+classes — software and hangs — are 15 % of the rate).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from functools import lru_cache
 
 from simulator.controller.estimate import FailureRatePosterior, RunningMean
 from simulator.controller.schedule import _MIN_CHECKPOINT_S, Schedule, interval_steps
 from simulator.errors import InputError
+from simulator.model.tiers import default_process_share, split_mtbf
 from simulator.policies import after_the_write
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "TIERS",
     "TieredSchedule",
     "default_process_share",
+    "mtbf_by_class",
     "scenario_priors",
     "tier_scenario",
 ]
@@ -58,15 +59,9 @@ NEVER = 2**62
 """A due step never reached (a tier no failure class needs: only the final save goes there)."""
 
 
-@lru_cache(maxsize=1)
-def default_process_share() -> float:
-    """The share of failures whose host survives, without other information: Llama 3 405B's
-    (the ``llama3-mix`` preset, from the paper's Table 5: classes with ``nodes_lost = 0``)."""
-    from simulator.model.scenario import load_scenario
-
-    mix = load_scenario("llama3-mix")
-    rates = [(c.nodes_lost, c.rate_per_s(mix.gpus, mix.nodes)) for c in mix.failure_classes]
-    return sum(r for lost, r in rates if lost == 0) / sum(r for _, r in rates)
+def mtbf_by_class(mtbf_s: float) -> dict[str, float]:
+    """A job's MTBF, seconds, as the MTBF of each live class (``model.tiers.split_mtbf``)."""
+    return dict(zip((PROCESS, NODE), split_mtbf(mtbf_s), strict=True))
 
 
 def scenario_priors(scenario) -> dict:
@@ -81,11 +76,7 @@ def scenario_priors(scenario) -> dict:
         for key, rate in rates.items():
             out["mtbf_s"][key] = 1.0 / rate if rate > 0 else None
     elif scenario.has_mtbf:
-        share = default_process_share()
-        out["mtbf_s"] = {
-            PROCESS: scenario.system_mtbf_s / share,
-            NODE: scenario.system_mtbf_s / (1.0 - share),
-        }
+        out["mtbf_s"] = mtbf_by_class(scenario.system_mtbf_s)
     writers = scenario.writer_nodes or scenario.nodes or 1
     every = {c.name for c in scenario.failure_classes}
     scheduled = [t for t in scenario.tiers if not t.jit]

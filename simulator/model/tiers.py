@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from simulator.errors import InputError
@@ -35,6 +36,7 @@ __all__ = [
     "FailureClass",
     "Tier",
     "covers",
+    "default_process_share",
     "failure_cost_s",
     "final_save_s",
     "final_tiers",
@@ -48,6 +50,7 @@ __all__ = [
     "save_writers",
     "scheduled",
     "served_by",
+    "split_mtbf",
     "step_overhead",
     "step_tier",
     "with_measured_tier",
@@ -98,6 +101,25 @@ def _name(kind: str, value) -> str:
             "record; rename the class"
         )
     return value
+
+
+@lru_cache(maxsize=1)
+def default_process_share() -> float:
+    """The share of failures whose host survives, without other information: Llama 3 405B's
+    (the ``llama3-mix`` preset, from the paper's Table 5: classes with ``nodes_lost = 0``)."""
+    from simulator.model.scenario import load_scenario
+
+    mix = load_scenario("llama3-mix")
+    rates = [(c.nodes_lost, c.rate_per_s(mix.gpus, mix.nodes)) for c in mix.failure_classes]
+    return sum(r for lost, r in rates if lost == 0) / sum(r for _, r in rates)
+
+
+def split_mtbf(mtbf_s: float) -> tuple[float, float]:
+    """A job's MTBF, seconds, split into the MTBFs of failures its hosts survive (a process
+    crash) and of node losses, at ``default_process_share``: (process, node) seconds, whose
+    rates add up to the job's."""
+    share = default_process_share()
+    return mtbf_s / share, mtbf_s / (1.0 - share)
 
 
 def write_time_s(nbytes: float, per_node: float | None, total: float | None, writers: int) -> float:
