@@ -110,10 +110,12 @@ def test_each_tier_counts_from_its_own_last_save_and_a_restart_from_its_newest_c
     assert s.next_due(20, age_s=2.0, tier="local") == 40
     assert s.due == {"local": 40, "persistent": 316}
     # Restored at step 50 from a local copy; the newest persistent copy is at step 0.
-    s.restart(50, 0, age_s=0.0)
+    s.restart(50, 0)
     assert s.due == {"local": 70, "persistent": 316}
-    s.restart(400, 0, age_s=0.0)  # the persistent tier is overdue: saved at the first step
-    assert s.due["persistent"] == 401
+    plans = []
+    s.plan_s = lambda plan=s.plan_s: plans.append(1) or plan()  # the plan is asked once
+    s.restart(400, 0)  # the persistent tier is overdue: saved at the first step
+    assert s.due["persistent"] == 401 and len(plans) == 1
 
 
 def test_failures_of_a_class_shorten_only_the_interval_of_the_tier_it_needs():

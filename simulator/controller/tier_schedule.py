@@ -242,7 +242,26 @@ class TieredSchedule(Schedule):
 
     def next_due(self, step: int, *, age_s: float, tier: str | None = None) -> int:
         """The step of the next save to any tier, after a save to ``tier`` at ``step`` (None:
-        a probe's end or a restore at ``step``: both tiers count from it; see :meth:`restart`)."""
+        a probe's end: both tiers count from it; a restore: :meth:`restart`). ``age_s`` is
+        the single-tier :class:`Schedule`'s argument; the tiers' first-order plan has no use
+        for it."""
+        return self._plan_from(step, tier, {})
+
+    def restart(self, step: int, persistent_step: int) -> int:
+        """After a restore at ``step`` (the newest copy of either tier): each tier counts from
+        :func:`simulator.model.tiers.interval_origin`, the rule the tiered simulator's marks
+        follow — the local tier from the restore, the persistent tier from its own newest copy
+        (``persistent_step``; 0: none, so from the start)."""
+        from simulator.model.tiers import interval_origin
+
+        copies = {LOCAL: step, PERSISTENT: persistent_step or None}
+        origin = int(interval_origin(copies, _live_tiers(), PERSISTENT))
+        return self._plan_from(step, None, {PERSISTENT: origin})
+
+    def _plan_from(self, step: int, tier: str | None, origins: Mapping[str, int]) -> int:
+        """Plan the tiers due after ``step`` (all of them when ``tier`` is None), each counting
+        from its ``origins`` step (default ``step``); a tier overdue from its origin is saved
+        at the next step. Returns the next step any tier is due."""
         if self.needs_probe:
             for t in TIERS:
                 self.due[t] = step + self.probe_steps
@@ -253,28 +272,14 @@ class TieredSchedule(Schedule):
         plan = self.plan_s()
         # A tier still on the probe's due step is planned now too.
         for t in TIERS if tier is None else {tier} | (set(TIERS) - self._planned):
-            self._set_tier(t, step, plan[t])
+            start = origins.get(t, step)
+            self._set_tier(t, start, plan[t])
+            if start < step:
+                self.due[t] = max(self.due[t], step + 1)
             self._planned.add(t)
         self.interval_s = self.tier_interval_s[PERSISTENT]
         self.interval_steps = self.tier_interval_steps[PERSISTENT]
         return self._next(step)
-
-    def restart(self, step: int, persistent_step: int, *, age_s: float) -> int:
-        """After a restore at ``step`` (the newest copy of either tier): each tier counts from
-        :func:`simulator.model.tiers.interval_origin`, the rule the tiered simulator's marks
-        follow — the local tier from the restore, the persistent tier from its own newest copy
-        (``persistent_step``; 0: none, so from the start)."""
-        from simulator.model.tiers import interval_origin
-
-        due = self.next_due(step, age_s=age_s)
-        copies = {LOCAL: step, PERSISTENT: persistent_step or None}
-        origin = int(interval_origin(copies, _live_tiers(), PERSISTENT))
-        if not self.needs_probe and origin < step:
-            plan = self.plan_s()
-            self._set_tier(PERSISTENT, origin, plan[PERSISTENT])
-            self.due[PERSISTENT] = max(self.due[PERSISTENT], step + 1)
-            due = self._next(step)
-        return due
 
     def _set_tier(self, tier: str, step: int, interval_s: float) -> None:
         self.tier_interval_s[tier] = interval_s

@@ -485,7 +485,7 @@ class TierMixin:
         if self.local is None:
             return self.schedule.next_due(step, age_s=age_s)
         persistent = step if self.restored_tier != LOCAL else (self._newest_persistent() or 0)
-        return self.schedule.restart(step, persistent, age_s=age_s)
+        return self.schedule.restart(step, persistent)
 
     def _after_tiered_restore(self, step: int) -> None:
         if self.local is not None and self.restored_tier == LOCAL:
