@@ -60,10 +60,11 @@ def what_it_assumes(scenario, tier: Tier) -> str:
     survived = [c for c in classes if c in tier.survives]
     lost = [c for c in classes if c not in tier.survives]
     if tier.jit:
+        into = "" if tier.into is None else f" into {tier.into}, where it counts as a copy,"
         return (
             f"{tier.name}: healthy replicas still hold the whole state after a "
-            f"{', '.join(survived)} failure and save it in {tier.checkpoint_s or 0.0:g} s "
-            f"(restore {tier.restore_s:.3g} s)"
+            f"{', '.join(survived)} failure and save it{into} in {tier.checkpoint_s or 0.0:g} "
+            f"s (restore {tier.restore_s:.3g} s)"
         )
     cost = f"{tier.stall_s(writers):.3g} s stall per save"
     if tier.asynchronous:

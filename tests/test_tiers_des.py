@@ -270,11 +270,15 @@ def _preempted(into: str | None) -> Scenario:
 
 
 def test_the_closed_form_counts_a_just_in_time_save_into_a_tier_as_a_copy_there_as_the_des():
+    from simulator.tier_recommend import what_it_assumes
+
     # Each preemption's save lands in the persistent tier (into) and restarts its interval, so
     # a node loss rolls back less far and fewer scheduled saves are needed. The closed form
     # used to ignore `into` (the same plan and waste with it as without); it now counts those
     # saves as copies (tiers.refreshed_by) and agrees with the DES, which made them all along.
     plain, into = _preempted(None), _preempted("persistent")
+    said = what_it_assumes(into, into.tiers[1])
+    assert "save it into persistent, where it counts as a copy, in 10 s" in said
     assert first_order_plan(into)["tier_intervals_s"]["persistent"] > (
         1.2 * first_order_plan(plain)["tier_intervals_s"]["persistent"]
     )
