@@ -230,8 +230,6 @@ def _charges(scenario, intervals_s: dict[str, float]):
     just-in-time saves are written into, ``refresh_rates_per_s``; half the work when none is
     saved on a schedule; nothing for a just-in-time tier) and its recovery and restore
     (``failure_cost_s``; half a step with an every-step tier)."""
-    from simulator.analytic import refreshed_age_s  # scipy: only when asked for
-
     writers = save_writers(scenario)
     work = float(scenario.work_s or 0.0)
     refresh = refresh_rates_per_s(scenario)
@@ -240,16 +238,23 @@ def _charges(scenario, intervals_s: dict[str, float]):
         if kind != "scheduled":
             yield rate, 0.0, failure_cost_s(kind, by, recovery_s, writers)
             continue
-        saved = [
-            (refreshed_age_s(intervals_s[t.name], refresh[t.name]), t)
-            for t in by
-            if math.isfinite(intervals_s[t.name]) or refresh[t.name] > 0
-        ]
+        saved = [(_age_s(intervals_s[t.name], refresh[t.name]), t) for t in by]
+        saved = [(age, t) for age, t in saved if math.isfinite(age)]
         if saved:
             lost, tier = min(saved, key=lambda x: x[0])
-            yield rate, float(lost), failure_cost_s(kind, tier, recovery_s, writers)
+            yield rate, lost, failure_cost_s(kind, tier, recovery_s, writers)
         else:
             yield rate, work / 2.0, recovery_s
+
+
+def _age_s(tau: float, refresh: float) -> float:
+    """Expected work since a tier's newest copy at a failure: half its interval (inf when it
+    is saved only at the end), or ``analytic.refreshed_age_s`` with just-in-time copies."""
+    if refresh == 0:
+        return tau / 2.0
+    from simulator.analytic import refreshed_age_s  # scipy: only when asked for
+
+    return float(refreshed_age_s(tau, refresh))
 
 
 def served_rates_per_s(scenario, kind: str) -> dict[str, float]:
