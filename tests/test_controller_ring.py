@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _damage import flip_a_byte
+from _dist import fork_ranks, free_port
 from test_controller_distributed import (
     _assert_bit_exact,
     _batch,
-    _free_port,
     _full_state,
     _model,
     _wrap,
@@ -54,9 +54,7 @@ def _worker(
 ) -> None:
     from datetime import timedelta
 
-    from simulator.controller import local_ring
-
-    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller import AdaptiveCheckpointer, local_ring
     from simulator.controller.distributed import DistributedBackend
     from simulator.model.tiers import TierSchedule
 
@@ -144,15 +142,8 @@ def _run(
     steps: int = STEPS,
     shared: bool = False,
 ) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    args = (world, _free_port(), str(base), str(out), stop_at, wrap, per_host, steps, shared)
-    try:
-        mp.start_processes(_worker, args=args, nprocs=world, start_method="fork")
-    except mp.ProcessExitedException:
-        if stop_at is None:
-            raise
-        return []
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    args = (world, free_port(), str(base), str(out), stop_at, wrap, per_host, steps, shared)
+    return fork_ranks(_worker, args, world, out, killed_ok=stop_at is not None)
 
 
 @pytest.fixture(scope="module")
@@ -522,7 +513,7 @@ def _hung_worker(rank: int, port: int, base: str) -> None:
 def test_a_hung_partner_is_named_in_the_log_before_the_job_waits_on_it(tmp_path):
     context = mp.start_processes(
         _hung_worker,
-        args=(_free_port(), str(tmp_path)),
+        args=(free_port(), str(tmp_path)),
         nprocs=2,
         start_method="fork",
         join=False,
@@ -565,7 +556,7 @@ def test_one_rank_keeps_a_local_snapshot_without_a_partner_and_restores_it(tmp_p
     from simulator.model.tiers import TierSchedule
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
 

@@ -57,13 +57,11 @@ from simulator.controller.storage import (
 )
 from simulator.controller.tier_schedule import (
     LOCAL,
-    NODE,
     PERSISTENT,
-    PROCESS,
     TIERS,
     TieredSchedule,
     check_tier_intervals,
-    default_process_share,
+    mtbf_by_class,
     scenario_priors,
 )
 from simulator.errors import InputError
@@ -82,18 +80,16 @@ so a single failure of that class moves it at once."""
 def tiered_schedule(base: dict, mtbf_h, scenario, fixed) -> TieredSchedule:
     """The two-tier schedule: ``base`` (the single-tier Schedule's arguments) plus a prior per
     failure class and the local tier's stall prior (see :mod:`~.tier_schedule`)."""
-    share = default_process_share()
     stall = {LOCAL: None, PERSISTENT: base["checkpoint_prior_s"]}
     weight = 2.0
     if mtbf_h is not None:
-        m = mtbf_h * 3600.0
-        mtbf = {PROCESS: m / share, NODE: m / (1.0 - share)}
+        mtbf = mtbf_by_class(mtbf_h * 3600.0)
     elif scenario is not None and scenario.has_mtbf:
         priors = scenario_priors(scenario)
         mtbf = priors["mtbf_s"]
         stall = {k: v if v is not None else stall[k] for k, v in priors["stall_s"].items()}
     else:
-        mtbf, weight = {PROCESS: DEFAULT_MTBF_S / share, NODE: DEFAULT_MTBF_S / (1 - share)}, 1.0
+        mtbf, weight = mtbf_by_class(DEFAULT_MTBF_S), 1.0
     known = [1.0 / v for v in mtbf.values() if v is not None]
     total_rate = sum(known)
     priors = {}
@@ -584,7 +580,7 @@ class TierMixin:
         if self.local is None:
             return self.schedule.next_due(step, age_s=age_s)
         persistent = step if self.restored_tier != LOCAL else (self._newest_persistent() or 0)
-        return self.schedule.restart(step, persistent, age_s=age_s)
+        return self.schedule.restart(step, persistent)
 
     def _after_tiered_restore(self, step: int) -> None:
         self._settle_generation()
