@@ -81,7 +81,12 @@ from simulator.controller.objstore import (
     open_storage,
     open_store,
 )
-from simulator.controller.precision import check_precision, expand_state, reduce_state
+from simulator.controller.precision import (
+    WEIGHT_PRECISIONS,
+    check_precision,
+    expand_state,
+    reduce_state,
+)
 from simulator.controller.runlog import RunLog, failures_by_class
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
@@ -178,8 +183,12 @@ class AdaptiveCheckpointer(TierMixin):
 
     ``optimizer_precision``: ``"fp32"`` (the default) saves the optimizer exactly; ``"bf16"``
     and ``"int8"`` (blockwise, per-block float32 scales) store its large moment tensors in
-    reduced precision, ~2x and ~3.9x smaller (:mod:`simulator.controller.precision`; local
-    backend only). The checkpoint records it; restoring one warns that it is not bit-exact.
+    reduced precision, ~2x and ~3.9x smaller. ``weights_precision="bf16"`` stores the model's
+    fp32 weights as bfloat16, for a run that trains under bf16 autocast with fp32 parameters
+    (they lose their low 16 mantissa bits; weights already bf16 stay exact). Local backend
+    only (:mod:`simulator.controller.precision`). The checkpoint records what was reduced;
+    restoring one warns that it is not bit-exact. A synchronous save encodes in its stall, an
+    asynchronous one in the background writer, from the staged copy.
 
     Rank 0 holds an exclusive lock on ``directory`` until :meth:`close` (or its death); a
     second process raises :class:`CheckpointLocked` naming the holder. (An object store has no
@@ -216,12 +225,16 @@ class AdaptiveCheckpointer(TierMixin):
         on_preemption: str = "exit",
         allow_fresh_start: bool = False,
         optimizer_precision: str = "fp32",
+        weights_precision: str = "fp32",
         local_dir: str | os.PathLike | None = None,
         local_keep_last: int | None = None,
         preemption_grace_s: float | None = None,
     ):
         refuse_unwrapped_loader(dataloader)
         self.optimizer_precision = check_precision(optimizer_precision)
+        self.weights_precision = check_precision(
+            weights_precision, name="weights_precision", allowed=WEIGHT_PRECISIONS
+        )
         local = local_path_of(str(directory)) if is_url(str(directory)) else Path(directory)
         self._remote = local is None  # an object store (objstore module)
         self.root: Path | str = str(directory).rstrip("/") if local is None else local
@@ -243,11 +256,12 @@ class AdaptiveCheckpointer(TierMixin):
                 f"a torch.distributed backend writes to a shared file system path, not to "
                 f"{self.root}: give a directory (object storage is for one process)"
             )
-        if self.optimizer_precision != "fp32" and self.backend.writes_manifest():
-            raise InputError(
-                f"optimizer_precision={self.optimizer_precision!r} is for the local backend; "
-                "a distributed backend saves its optimizer shards in fp32"
-            )
+        for name in ("optimizer_precision", "weights_precision"):
+            if getattr(self, name) != "fp32" and self.backend.writes_manifest():
+                raise InputError(
+                    f"{name}={getattr(self, name)!r} is for the local backend; "
+                    "a distributed backend saves its shards exactly"
+                )
         self.clock = clock
         self.async_save = bool(async_save)
         fixed_tiers = self._tier_options(local_dir, local_keep_last, policy, preemption_grace_s)
@@ -499,7 +513,6 @@ class AdaptiveCheckpointer(TierMixin):
             )
             state["controller"] = vars(self.schedule.estimates())
             self._add_tier_state(state)
-            state = reduce_state(state, self.optimizer_precision)
             # A ring's local save exchanges copies between ranks: on the training thread.
             if self.async_save and not self._sync_only and not (tier == LOCAL and self._ring):
                 staged, buffers = stage(state, reuse=self._free_staging())
@@ -620,6 +633,9 @@ class AdaptiveCheckpointer(TierMixin):
             self._write_failed = False
 
     def _write_and_commit(self, step: int, state: dict, tier: str = PERSISTENT) -> None:
+        # Here, not before staging: an async save encodes its staged CPU copy in the
+        # background, so its stall is the exact save's (the copy, not the encode).
+        state = reduce_state(state, self.optimizer_precision, weights=self.weights_precision)
         if tier == LOCAL:
             self._write_local(step, state)
             return
