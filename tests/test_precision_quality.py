@@ -159,3 +159,18 @@ def test_a_workdir_with_files_in_it_is_refused(tmp_path, capsys):
     (tmp_path / "old").write_text("x")
     assert pq.main(["--quick", "--workdir", str(tmp_path), "--out-dir", str(tmp_path)]) == 2
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_the_stall_script_times_every_mode_against_the_exact_save(capsys):
+    from experiments import precision_stall
+
+    assert precision_stall.main(["--mb", "2", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if "stall median" in line]
+    modes = [precision_stall.label(m) for m in precision_stall.modes(True)]
+    assert len(rows) == 2 * len(modes)  # async and sync
+    for kind in ("async", "sync"):
+        for mode in modes:
+            assert any(r.startswith(kind) and f" {mode} " in r for r in rows), (kind, mode)
+    exact = next(r for r in rows if r.startswith("async exact"))
+    assert "/ exact async 1.00" in exact
