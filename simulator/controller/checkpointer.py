@@ -95,6 +95,7 @@ from simulator.controller.storage import (
     apply_retention,
     checkpoint_name,
     complete_steps,
+    retention_plan,
 )
 from simulator.controller.tier_schedule import LOCAL, PERSISTENT
 from simulator.controller.tiered import TierMixin, open_local_tier, tiered_schedule
@@ -683,6 +684,7 @@ class AdaptiveCheckpointer(TierMixin):
             raise
         finally:
             self.storage.drop_local_copies()  # an object store's downloads
+        self._warn_of_what_retention_keeps()
         now = self.clock()
         self._mark_step, self._mark_t = step, now
         self.runlog.append(
@@ -747,6 +749,31 @@ class AdaptiveCheckpointer(TierMixin):
             return step
         self._restored(0)
         return 0
+
+    def _warn_of_what_retention_keeps(self) -> None:
+        """Without the lock (an object store without ``exclusive=True``) retention deletes only
+        what this process writes, so each relaunch leaves its last ``keep_last`` checkpoints
+        for good: say so, once, when a relaunch finds more than a lock holder would keep."""
+        if self._lock.held or self.read_only or self.backend.rank != 0:
+            return
+        try:
+            beyond = retention_plan(
+                complete_steps(self.storage),
+                keep_last=self.keep_last,
+                milestones=self.milestone_steps,
+                resumed_from=self.resumed_from,
+            )
+        except OSError:
+            return  # the restore itself has listed the store; nothing to add here
+        if beyond:
+            warnings.warn(
+                f"{self.root} holds {len(beyond)} complete checkpoint(s) beyond "
+                f"keep_last={self.keep_last} (oldest {checkpoint_name(beyond[0])}) that earlier "
+                "processes wrote; without a lock retention deletes only this process's saves, "
+                "so they stay and each relaunch adds more: pass exclusive=True if no other "
+                "process writes here, or delete them",
+                stacklevel=3,
+            )
 
     def _reject(self, name: str, why: str, reason: str) -> None:
         if self.backend.rank != 0:
