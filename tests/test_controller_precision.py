@@ -299,6 +299,14 @@ TAMPERING = {
         _edit_tensor(f"{SQ}/int8", lambda t: t.to(torch.int16)),
         r"codes are torch.int16",
     ),
+    "a record that calls reduced moments exact": (
+        _edit_meta(lambda m: m["precision"].update(optimizer="fp32")),
+        "optimizer state 0/'exp_avg': a reduced tensor where the precision record says 'fp32'",
+    ),
+    "a record that calls reduced weights exact": (
+        _edit_meta(lambda m: m["precision"].update(weights="fp32")),
+        "model '0.weight': a reduced tensor where the precision record says 'fp32'",
+    ),
     "a weights record of an unknown precision": (
         _edit_meta(lambda m: m["precision"].update(weights="int8")),
         "precision of the weights is 'int8'",

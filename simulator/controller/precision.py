@@ -57,8 +57,9 @@ reduced (a state with nothing to reduce, e.g. before the optimizer's first step,
 exactly and records nothing). A restore follows the checkpoint's record, whatever this run's
 options, decodes each tensor back into its original dtype (which the optimizer's and model's
 ``load_state_dict`` then take as they always do) and warns once with what is not bit-exact.
-Decoding trusts nothing: an entry of the wrong form, a dtype that is no float, data that does
-not fit the shape, a non-finite or negative scale or a decoded value that is not finite is a
+Decoding trusts nothing: an entry of the wrong form, a reduced entry in a section the record
+calls exact, a dtype that is no float, data that does not fit the shape, a non-finite or
+negative scale or a decoded value that is not finite is a
 :class:`~simulator.ckptio.CorruptCheckpoint` (fall back to an older checkpoint).
 """
 
@@ -267,13 +268,16 @@ def expand_state(state: dict[str, Any], *, where: str = "") -> tuple[dict[str, A
     if type(record["min_numel"]) is not int or record["min_numel"] < 0:
         raise bad(f"precision min_numel is {shown(record['min_numel'], 40)}")
     state = {k: v for k, v in state.items() if k != _KEY}
+    # Both sections are read whatever the record says: an entry of ours in a section the
+    # record calls exact is one reduce_state could not have written.
     lost = []
-    if precision != "fp32":
-        optim = state.get("optimizer")
-        if not isinstance(optim, Mapping) or not isinstance(optim.get("state"), Mapping):
-            raise bad("a reduced-precision optimizer record without an optimizer state")
+    optim = state.get("optimizer")
+    per_param = optim.get("state") if isinstance(optim, Mapping) else None
+    if precision != "fp32" and not isinstance(per_param, Mapping):
+        raise bad("a reduced-precision optimizer record without an optimizer state")
+    if isinstance(per_param, Mapping):
         decoded: dict = {}
-        for pid, entry in optim["state"].items():
+        for pid, entry in per_param.items():
             if not isinstance(entry, Mapping):
                 decoded[pid] = entry
                 continue
@@ -288,16 +292,18 @@ def expand_state(state: dict[str, Any], *, where: str = "") -> tuple[dict[str, A
                 for name, value in entry.items()
             }
         state["optimizer"] = {**optim, "state": decoded}
+    if precision != "fp32":
         how = "bf16" if precision == "bf16" else f"int8 (blockwise, {block})"
         lost.append(f"optimizer moments restored from {how}")
-    if weights == "bf16":
-        model = state.get("model")
-        if not isinstance(model, Mapping):
-            raise bad("a reduced-precision weights record without a model state")
+    model = state.get("model")
+    if weights == "bf16" and not isinstance(model, Mapping):
+        raise bad("a reduced-precision weights record without a model state")
+    if isinstance(model, Mapping):
         state["model"] = {
-            k: _decoded(v, "bf16", block, lambda: f"model {shown(k, 60)}", bad)  # noqa: B023
+            k: _decoded(v, weights, block, lambda: f"model {shown(k, 60)}", bad)  # noqa: B023
             for k, v in model.items()
         }
+    if weights == "bf16":
         lost.append("model weights restored from bf16")
     return state, " and ".join(lost) + ": not bit-exact"
 
@@ -307,6 +313,8 @@ def _decoded(value: Any, precision: str, block: int, where, bad) -> Any:
     is the optimizer's or the model's own, for its ``load_state_dict`` to judge."""
     if not (isinstance(value, Mapping) and ("bf16" in value or "int8" in value)):
         return value
+    if precision == "fp32":
+        raise bad(f"{where()}: a reduced tensor where the precision record says 'fp32'")
     try:
         return _expand(value, precision, block)
     except ValueError as exc:
