@@ -757,7 +757,7 @@ class AdaptiveCheckpointer(TierMixin):
         if self._lock.held or self.read_only or self.backend.rank != 0:
             return
         try:
-            beyond = retention_plan(
+            plan = retention_plan(
                 complete_steps(self.storage),
                 keep_last=self.keep_last,
                 milestones=self.milestone_steps,
@@ -765,6 +765,7 @@ class AdaptiveCheckpointer(TierMixin):
             )
         except OSError:
             return  # the restore itself has listed the store; nothing to add here
+        beyond = [step for step in plan if step not in self._written]  # ours go by retention
         if beyond:
             warnings.warn(
                 f"{self.root} holds {len(beyond)} complete checkpoint(s) beyond "
