@@ -23,7 +23,7 @@ resume; "met" only when the whole interval lies within +-1 %.
     python -m experiments.precision_quality [--seeds 4] [--pretrain-steps 200]
         [--resume-steps 200] [--quick] [--out-dir reports]
 
-About 4-5 minutes on 2 shared cores (one torch thread); ``--quick`` is a few seconds (a tiny
+About 5-6 minutes on 2 shared cores (one torch thread); ``--quick`` is a few seconds (a tiny
 model, a few steps: the machinery only, for the test).
 """
 
