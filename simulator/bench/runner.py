@@ -272,6 +272,12 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
     total = len(cfg.sizes) * len(cfg.dtypes) * cfg.repeats * len(jobs)
     samples: list[dict[str, Any]] = []
     notes: list[str] = []
+    if cfg.reduced:
+        notes.append(
+            f"reduced saves ({cfg.optimizer_precision} moments, {cfg.weights_precision} "
+            "weights) measured beside the exact ones; the goal ratios and the cost profile "
+            "(--out) are the exact saves'"
+        )
     work = Path(tempfile.mkdtemp(prefix="ckptsim-bench-", dir=directory))
     bar = tqdm(total=total, desc="bench", unit="save", disable=not progress, file=sys.stderr)
     try:
