@@ -444,6 +444,21 @@ def test_bf16_moments_and_weights_halve_both(tmp_path, capsys):
     assert {s.get("optimizer_precision", "fp32") for s in profile.samples} == {"fp32"}
 
 
+def test_bf16_weights_of_a_bf16_model_reduce_nothing_and_say_so(tmp_path):
+    cfg = BenchConfig(
+        directory=tmp_path,
+        sizes=("300K",),
+        dtypes=("bf16",),
+        formats=("safetensors",),
+        repeats=1,
+        weights_precision="bf16",
+    )
+    result = run_benchmark(cfg, progress=False)
+    row = next(r for r in result.results if "exact_bytes" in r)
+    assert row["bytes"] == pytest.approx(row["exact_bytes"], abs=4096)  # metadata only
+    assert any("reduces nothing at --dtypes bf16" in n for n in result.notes)
+
+
 def test_human_table_shows_the_precision_and_the_ratio_to_the_exact_save(tmp_path, capsys):
     argv = ["bench", "--sizes", "300K", "--formats", "ckptsim", "--repeats", "1"]
     assert main([*argv, "--dir", str(tmp_path), "--optimizer-precision", "int8"]) == 0

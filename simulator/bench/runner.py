@@ -129,7 +129,7 @@ class BenchConfig:
         jobs = ["raw", *self.formats]
         if "ckptsim" in self.formats:
             jobs.insert(jobs.index("ckptsim") + 1, "ckptsim-async")
-        if self.reduced:  # each reduced save right after its exact one, rotated together
+        if self.reduced:  # each reduced save next to its exact one in the rotation
             jobs = [j for job in jobs for j in (job, job + REDUCED)[: 1 + (job != "raw")]]
         return jobs
 
@@ -277,6 +277,11 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
             f"reduced saves ({cfg.optimizer_precision} moments, {cfg.weights_precision} "
             "weights) measured beside the exact ones; the goal ratios and the cost profile "
             "(--out) are the exact saves'"
+        )
+    if cfg.weights_precision == "bf16" and "bf16" in cfg.dtypes:
+        notes.append(
+            "--weights-precision bf16 reduces nothing at --dtypes bf16: the model's weights are "
+            "bf16 already and the fp32 masters are saved exactly, as the controller saves them"
         )
     work = Path(tempfile.mkdtemp(prefix="ckptsim-bench-", dir=directory))
     bar = tqdm(total=total, desc="bench", unit="save", disable=not progress, file=sys.stderr)
