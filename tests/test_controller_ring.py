@@ -54,9 +54,7 @@ def _worker(
 ) -> None:
     from datetime import timedelta
 
-    from simulator.controller import local_ring
-
-    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller import AdaptiveCheckpointer, local_ring
     from simulator.controller.distributed import DistributedBackend
     from simulator.model.tiers import TierSchedule
 
