@@ -616,7 +616,6 @@ def test_an_fsdp2_sharded_run_gets_a_lost_hosts_shards_back_from_its_partner(tmp
     _assert_bit_exact(reference, resumed)
 
 
-@pytest.mark.xfail(strict=True, reason="audit: a stand-in root id splits one directory's key")
 @pytest.mark.parametrize("plant", ["directory", "symlink"])
 def test_an_unreadable_root_id_on_a_shared_local_dir_deletes_no_directory_a_rank_uses(
     reference, killed, tmp_path, plant
@@ -645,7 +644,6 @@ def test_an_unreadable_root_id_on_a_shared_local_dir_deletes_no_directory_a_rank
     _assert_bit_exact(reference, resumed)
 
 
-@pytest.mark.xfail(strict=True, reason="audit: open() of a FIFO blocks until a writer comes")
 def test_a_fifo_planted_as_the_root_id_does_not_hang_the_restore(tmp_path):
     """Audit: ``.ckptsim-root`` was opened without O_NONBLOCK, so a FIFO planted there (by a
     hostile user of the host, or junk) hung every rank's restore before any collective."""

@@ -58,6 +58,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import uuid
 import warnings
 from collections.abc import Callable
@@ -549,11 +550,24 @@ class Ring:
             if root.is_symlink() or not root.is_dir():
                 continue
             rid = _root_id(root)
+            if rid is None:
+                # Another rank may see this directory and use what is in it, under a name this
+                # rank cannot know: only this rank's own entries are listed, under a key of
+                # this rank alone, so none is vetted twice or taken for a stray.
+                logger.warning(
+                    "local tier: rank %d cannot read or make %s (not a regular file): the "
+                    "snapshot directories there that it does not use are neither read nor "
+                    "removed; remove it to let the next restore name the directory",
+                    self.rank, root / _ROOT_ID,
+                )  # fmt: skip
             for entry in sorted(root.iterdir()):
                 m = _SNAPSHOT_DIR.match(entry.name)
                 if m is None or entry.is_symlink() or not entry.is_dir():
                     continue
-                out.append(((rid, entry.name), str(entry), int(m[2]), entry in used))
+                if rid is None and entry not in used:
+                    continue
+                key = (rid if rid is not None else f"rank {self.rank}: {root}", entry.name)
+                out.append((key, str(entry), int(m[2]), entry in used))
         return out
 
     def clean_strays(self) -> None:
@@ -645,25 +659,34 @@ def _read_ring_file(path: Path) -> dict:
 _ROOT_ID = ".ckptsim-root"
 """In each run directory of a local tier: a random id, so that ranks that see one directory
 (on one host, or through a file system shared by mistake) name it alike, and ranks that see
-two directories of one path (one per host) do not."""
+two directories of one path (one per host) do not. Where it cannot be read, a rank lists only
+the directories it uses there: what else is in it is neither vetted nor removed."""
 
 
-def _root_id(root: Path) -> str:
+def _root_id(root: Path) -> str | None:
     """The id of the run directory ``root``, made (atomically: a link, never overwritten) by
-    the first rank to ask; where it can be neither read nor made, this host's name and the
-    directory's inode stand in."""
+    the first rank to ask; None where it can be neither read nor made (``.ckptsim-root`` is no
+    regular file, empty, or the directory takes no link): then ranks that see the directory
+    cannot know that they see the same one."""
     path = root / _ROOT_ID
     for _ in range(2):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                value = f.read(64).decode("ascii", "replace").strip()
+        try:  # never through a symlink, never waiting on a FIFO
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        except OSError:
+            return None
+        if fd is not None:
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                value = os.read(fd, 64).decode("ascii", "replace").strip()
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
             if value:
                 return value
-        except FileNotFoundError:
-            pass
-        except OSError:
-            break
         tmp = root / f"{_ROOT_ID}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             tmp.write_text(uuid.uuid4().hex + "\n", encoding="ascii")
@@ -671,11 +694,10 @@ def _root_id(root: Path) -> str:
         except FileExistsError:
             pass
         except OSError:
-            break
+            return None
         finally:
             tmp.unlink(missing_ok=True)
-    st = root.stat()
-    return f"{_HOST[0]}:{_HOST[1]}:{st.st_dev}:{st.st_ino}"
+    return None
 
 
 def _copy_checked(src: Path, files: dict, into: Path | None) -> str | None:
