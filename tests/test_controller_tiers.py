@@ -431,6 +431,52 @@ def test_a_local_tier_on_a_full_or_read_only_disk_warns_and_the_persistent_tier_
         assert "DISABLED cannot create" in run.stdout
 
 
+_BRANCH_READ_ONLY = r"""
+import sys, warnings
+from test_controller_tiers import Clock, make_run, tiered, train
+warnings.simplefilter("ignore")
+clock = Clock()
+model, opt = make_run(seed=1)
+ck = tiered(sys.argv[1], sys.argv[2], model, opt, clock=clock)
+print("READ_ONLY", ck.read_only, "RESTORED", ck.restore(), ck.stats["restored_tier"])
+for step in range(126, 181):  # local saves at 145 and 165; the persistent one at 185
+    train(model, opt, step + 1000)  # other data: a branch of its own
+    clock.t += 0.1
+    ck.step(step)
+print("LOCAL_SAVES", ck.local_saves, "DISABLED", ck.stats["local_disabled"])
+ck._closed = True  # its final save would fail: the directory is read-only
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="audit: a read-only session saves local snapshots unbumped")
+def test_a_read_only_session_from_the_persistent_tier_leaves_no_local_snapshot_to_restore(
+    tmp_path, local_root
+):
+    """Audit: a session whose checkpoint directory is read-only (a read-only mount) cannot
+    record a new generation, yet went on saving local snapshots under the old one after it
+    restored the persistent tier. The next writable session then took them as this run's newest
+    state: another branch (here: other data) restored silently."""
+    if not _can_unshare(_UNSHARE_RO):
+        pytest.skip("needs unshare to make a read-only bind mount")
+    persistent = tmp_path / "ckpt"
+    _crash_after(persistent, local_root, 150)  # local 145, persistent 125
+    shutil.rmtree(run_dir(local_root))  # that host is lost: the next session has no local copy
+    script = tmp_path / "branch.py"
+    script.write_text(_BRANCH_READ_ONLY)
+    run = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _UNSHARE_RO, "sh", str(persistent), sys.executable,
+         str(script), str(persistent), str(local_root)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "READ_ONLY True RESTORED 125 persistent" in run.stdout
+    ck, step, model, _ = _relaunch(persistent, local_root)
+    assert step == 125 and ck.stats["restored_tier"] == "persistent"
+    assert same_weights(model, weights_at(125))
+    ck.close()
+
+
 # -- real crashes ---------------------------------------------------------------------------------
 _TRAIN = r"""
 import hashlib, os, sys, time
