@@ -448,7 +448,6 @@ ck._closed = True  # its final save would fail: the directory is read-only
 """
 
 
-@pytest.mark.xfail(strict=True, reason="audit: a read-only session saves local snapshots unbumped")
 def test_a_read_only_session_from_the_persistent_tier_leaves_no_local_snapshot_to_restore(
     tmp_path, local_root
 ):
@@ -471,6 +470,7 @@ def test_a_read_only_session_from_the_persistent_tier_leaves_no_local_snapshot_t
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "READ_ONLY True RESTORED 125 persistent" in run.stdout
+    assert "LOCAL_SAVES 0 DISABLED the run's new branch cannot be recorded" in run.stdout
     ck, step, model, _ = _relaunch(persistent, local_root)
     assert step == 125 and ck.stats["restored_tier"] == "persistent"
     assert same_weights(model, weights_at(125))

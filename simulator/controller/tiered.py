@@ -410,10 +410,10 @@ class TierMixin:
         if self.local is None or self._generation_settled:
             return
         self._generation_settled = True
-        if not self.local.usable or self.read_only or self.restored_tier == LOCAL:
+        if not self.local.usable or self.restored_tier == LOCAL:
             return
-        new, why = None, None
-        if self.backend.rank == 0:
+        new, why = None, "the checkpoint directory is read-only" if self.read_only else None
+        if self.backend.rank == 0 and not self.read_only:
             new, why = next_generation(
                 self.storage, self.root, self._run_record, remote=self._remote
             )
