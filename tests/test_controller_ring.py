@@ -666,3 +666,28 @@ def test_a_fifo_planted_as_the_root_id_does_not_hang_the_restore(tmp_path):
         worker.join(timeout=0.2)
     assert not hung
     assert fifo.exists() and not fifo.is_file()  # left alone, never replaced
+
+
+@pytest.mark.xfail(strict=True, reason="audit: the rank that names the directory deletes")
+def test_a_rank_that_cannot_name_a_shared_directory_keeps_the_others_from_removing_its_own(
+    reference, killed, tmp_path, monkeypatch
+):
+    """Audit: on a local_dir two hosts share, one rank cannot read or make ``.ckptsim-root``
+    (its host's client takes no hard link, or the disk was full when it tried) while the other
+    reads it: the other rank saw the first one's directories unused and removed them."""
+    from simulator.controller import local_ring
+
+    _, local, _ = killed
+    base = tmp_path / "run"
+    assert _run(base, tmp_path / "out1", stop_at=local + 1, shared=True) == []
+    named = local_ring._root_id
+    monkeypatch.setattr(  # the forked ranks inherit it: rank 1 alone cannot name the directory
+        local_ring, "_root_id", lambda root: None if dist.get_rank() == 1 else named(root)
+    )
+    resumed = _run(base, tmp_path / "out2", shared=True)
+    assert [r["start"] for r in resumed] == [local, local]
+    assert not any("which no rank of this job uses" in x for r in resumed for x in r["log"])
+    (tier,) = [p for p in (base / "shared").iterdir() if p.is_dir()]
+    for whose in ("copy-of-rank-0", "copy-of-rank-1", "rank-0", "rank-1"):
+        assert list((tier / whose).glob("step-*")), whose
+    _assert_bit_exact(reference, resumed)
