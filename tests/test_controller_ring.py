@@ -668,7 +668,6 @@ def test_a_fifo_planted_as_the_root_id_does_not_hang_the_restore(tmp_path):
     assert fifo.exists() and not fifo.is_file()  # left alone, never replaced
 
 
-@pytest.mark.xfail(strict=True, reason="audit: the rank that names the directory deletes")
 def test_a_rank_that_cannot_name_a_shared_directory_keeps_the_others_from_removing_its_own(
     reference, killed, tmp_path, monkeypatch
 ):

@@ -521,8 +521,9 @@ class Ring:
         by exactly one rank: its own or held directory by the rank using it, any other by the
         lowest rank on the host that sees it. Those others (left by a job whose ranks sat
         elsewhere) are the strays, removed after this session's first complete snapshot."""
-        listing = self._listing()
-        everyone = self.gather(listing)
+        listing, blind = self._listing()
+        gathered = self.gather((listing, blind))
+        everyone = [entries for entries, _ in gathered]
         scanner: dict[tuple, int] = {}
         for r, entries in enumerate(everyone):
             for key, _path, _owner, used in entries:
@@ -531,25 +532,29 @@ class Ring:
                 else:
                     scanner.setdefault(key, r)
         in_use = {key for entries in everyone for key, _p, _o, used in entries if used}
-        self.clean_pending = len(scanner) > len(in_use)
+        # A rank that could not name a directory may use one that the others see unused:
+        # then nothing is a stray this session.
+        self.clean_pending = len(scanner) > len(in_use) and not any(b for _, b in gathered)
         mine = [(Path(p), o) for key, p, o, _u in listing if scanner[key] == self.rank]
         self.strays = [
             Path(p) for key, p, _o, _u in listing if scanner[key] == self.rank and key not in in_use
-        ]
+        ] if self.clean_pending else []  # fmt: skip
         return [(p, o) for p, o in mine if o < self.world]
 
-    def _listing(self) -> list[tuple[tuple, str, int, bool]]:
+    def _listing(self) -> tuple[list[tuple[tuple, str, int, bool]], bool]:
         """``(key, path, owner, used)`` of every snapshot directory of this run on this
         host: ``key`` names the directory alike on every rank that sees it (its root's id
-        and its name), ``used`` says it is this rank's own or held one."""
+        and its name), ``used`` says it is this rank's own or held one; and whether some
+        root could not be named (:func:`_root_id`)."""
         if not self.tier.usable:
-            return []
+            return [], False
         used = {self.tier.dir} | ({self.held.root} if self.held is not None else set())
-        out = []
+        out, blind = [], False
         for root in self.roots:
             if root.is_symlink() or not root.is_dir():
                 continue
             rid = _root_id(root)
+            blind = blind or rid is None
             if rid is None:
                 # Another rank may see this directory and use what is in it, under a name this
                 # rank cannot know: only this rank's own entries are listed, under a key of
@@ -568,7 +573,7 @@ class Ring:
                     continue
                 key = (rid if rid is not None else f"rank {self.rank}: {root}", entry.name)
                 out.append((key, str(entry), int(m[2]), entry in used))
-        return out
+        return out, blind
 
     def clean_strays(self) -> None:
         """Remove the snapshot directories no rank of this job uses (:meth:`_scanned`), once
