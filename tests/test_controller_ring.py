@@ -124,6 +124,7 @@ def _worker(
             "rng": rng,
             "log": lines,
             "warnings": [str(w.message) for w in caught],
+            "roots": [str(p) for p in ckpt._ring.roots] if ckpt._ring is not None else [],
         },
         Path(out) / f"rank{rank}.pt",
     )
@@ -690,3 +691,16 @@ def test_a_rank_that_cannot_name_a_shared_directory_keeps_the_others_from_removi
     for whose in ("copy-of-rank-0", "copy-of-rank-1", "rank-0", "rank-1"):
         assert list((tier / whose).glob("step-*")), whose
     _assert_bit_exact(reference, resumed)
+
+
+@pytest.mark.xfail(strict=True, reason="audit: the Ring is given local_dir with {rank} replaced")
+def test_with_rank_in_local_dir_every_rank_looks_in_every_ranks_directory(tmp_path):
+    """Audit: the ring looks for snapshots in every rank's directory when ``local_dir`` has
+    ``{rank}`` (ranks that land on each other's hosts find what is there: module docstring,
+    README), but it was handed ``local_dir`` with ``{rank}`` already replaced, so each rank
+    looked in its own directory only: on a host that rank 1 left, rank 0 never saw rank 1's
+    snapshots and copies, neither to restore them nor to remove them."""
+    ranks = _run(tmp_path / "run", tmp_path / "out", steps=2)
+    rid = _tier(tmp_path / "run", 0).name
+    want = [str(tmp_path / "run" / f"host{h}" / rid) for h in (0, 1)]
+    assert [r["roots"] for r in ranks] == [want, want]
