@@ -693,7 +693,6 @@ def test_a_rank_that_cannot_name_a_shared_directory_keeps_the_others_from_removi
     _assert_bit_exact(reference, resumed)
 
 
-@pytest.mark.xfail(strict=True, reason="audit: the Ring is given local_dir with {rank} replaced")
 def test_with_rank_in_local_dir_every_rank_looks_in_every_ranks_directory(tmp_path):
     """Audit: the ring looks for snapshots in every rank's directory when ``local_dir`` has
     ``{rank}`` (ranks that land on each other's hosts find what is there: module docstring,

@@ -135,7 +135,8 @@ def open_local_tier(ckpt) -> LocalTier:
     )
     ckpt._ring = None
     if ring:
-        ckpt._ring = Ring(backend, tier, run_id=rid, local_dir=ckpt._local_dir)
+        # The template, {rank} and all: the ring looks in every rank's directory.
+        ckpt._ring = Ring(backend, tier, run_id=rid, local_dir=ckpt._local_template)
         everyone = ckpt._ring.gather((tier.found, tier.disabled))
         # Whether every rank found its own directory: a restart that lost a host is a node loss.
         tier.found = all(found for found, _ in everyone)
@@ -202,6 +203,7 @@ class TierMixin:
         self._local_dir = check_local_dir(
             local_dir, self.root, remote=self._remote, rank=self.backend.rank
         )
+        self._local_template = str(local_dir)
         keep = 2 if self.async_save else 1
         if local_keep_last is not None:
             bad = isinstance(local_keep_last, bool) or not isinstance(local_keep_last, int)
