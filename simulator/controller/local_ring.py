@@ -58,7 +58,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import uuid
 import warnings
 from collections.abc import Callable
@@ -74,6 +73,7 @@ from simulator.controller.integrity import (
     UnsafeCheckpoint,
 )
 from simulator.controller.local_tier import RANK_FIELD, superseded
+from simulator.controller.runlog import open_regular
 from simulator.controller.safe_metadata import load_metadata
 from simulator.controller.storage import (
     LocalStorage,
@@ -675,16 +675,14 @@ def _root_id(root: Path) -> str | None:
     cannot know that they see the same one."""
     path = root / _ROOT_ID
     for _ in range(2):
-        try:  # never through a symlink, never waiting on a FIFO
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:  # a regular file only: never through a symlink, never waiting on a FIFO
+            fd = open_regular(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             fd = None
         except OSError:
             return None
         if fd is not None:
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    return None
                 value = os.read(fd, 64).decode("ascii", "replace").strip()
             except OSError:
                 return None
