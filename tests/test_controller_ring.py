@@ -63,7 +63,7 @@ def _worker(
     if per_host is not None:  # what torchrun tells each rank about its host
         os.environ["LOCAL_WORLD_SIZE"] = str(per_host[rank])
     if shared:  # one local_dir that two "hosts" see: a shared file system, by mistake
-        local_ring._HOST = (f"host-of-rank-{rank}", str(rank))
+        local_ring._HOST = f"host-of-rank-{rank}"
     # A send that never meets its receive fails the test in a minute, not gloo's 30.
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)

@@ -87,19 +87,13 @@ __all__ = ["RING_FILE", "Ring", "ring_stride"]
 logger = logging.getLogger("simulator.controller")
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
 RING_FILE = "ring.json"
 """In each local snapshot of a ring: whose part it is (rank, world size, step, run)."""
 _RING_FORMAT = "ckptsim-ring"
 _MAX_RING_BYTES = 4096
 _SNAPSHOT_DIR = re.compile(r"^(rank|copy-of-rank)-(\d+)$")
-_HOST = (socket.gethostname(), _boot_id())
+_HOST = socket.gethostname()
+"""This host's name, for messages (a peer that stops answering is named with its host)."""
 CHUNK_BYTES = 16 << 20
 """Bytes per point-to-point message: a shard is streamed, never held in memory whole."""
 
@@ -175,7 +169,7 @@ class Ring:
         # Collective: every rank must pick the same stride, or the sends never meet their
         # receives. Hosts that run different numbers of ranks (torchrun --nproc-per-node 2 on
         # one, 1 on another) each read their own LOCAL_WORLD_SIZE: then the next rank it is.
-        everyone = self.gather((_ranks_per_host(), _HOST[0]))
+        everyone = self.gather((_ranks_per_host(), _HOST))
         per_host = [n for n, _ in everyone]
         self.hosts = [h for _, h in everyone]
         """Each rank's host name, for messages."""
