@@ -73,6 +73,7 @@ from simulator.controller.integrity import (
     UnsafeCheckpoint,
 )
 from simulator.controller.local_tier import RANK_FIELD, superseded
+from simulator.controller.runlog import open_regular
 from simulator.controller.safe_metadata import load_metadata
 from simulator.controller.storage import (
     LocalStorage,
@@ -86,19 +87,13 @@ __all__ = ["RING_FILE", "Ring", "ring_stride"]
 logger = logging.getLogger("simulator.controller")
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
 RING_FILE = "ring.json"
 """In each local snapshot of a ring: whose part it is (rank, world size, step, run)."""
 _RING_FORMAT = "ckptsim-ring"
 _MAX_RING_BYTES = 4096
 _SNAPSHOT_DIR = re.compile(r"^(rank|copy-of-rank)-(\d+)$")
-_HOST = (socket.gethostname(), _boot_id())
+_HOST = socket.gethostname()
+"""This host's name, for messages (a peer that stops answering is named with its host)."""
 CHUNK_BYTES = 16 << 20
 """Bytes per point-to-point message: a shard is streamed, never held in memory whole."""
 
@@ -174,7 +169,7 @@ class Ring:
         # Collective: every rank must pick the same stride, or the sends never meet their
         # receives. Hosts that run different numbers of ranks (torchrun --nproc-per-node 2 on
         # one, 1 on another) each read their own LOCAL_WORLD_SIZE: then the next rank it is.
-        everyone = self.gather((_ranks_per_host(), _HOST[0]))
+        everyone = self.gather((_ranks_per_host(), _HOST))
         per_host = [n for n, _ in everyone]
         self.hosts = [h for _, h in everyone]
         """Each rank's host name, for messages."""
@@ -531,8 +526,9 @@ class Ring:
         by exactly one rank: its own or held directory by the rank using it, any other by the
         lowest rank on the host that sees it. Those others (left by a job whose ranks sat
         elsewhere) are the strays, removed after this session's first complete snapshot."""
-        listing = self._listing()
-        everyone = self.gather(listing)
+        listing, blind = self._listing()
+        gathered = self.gather((listing, blind))
+        everyone = [entries for entries, _ in gathered]
         scanner: dict[tuple, int] = {}
         for r, entries in enumerate(everyone):
             for key, _path, _owner, used in entries:
@@ -541,31 +537,48 @@ class Ring:
                 else:
                     scanner.setdefault(key, r)
         in_use = {key for entries in everyone for key, _p, _o, used in entries if used}
-        self.clean_pending = len(scanner) > len(in_use)
+        # A rank that could not name a directory may use one that the others see unused:
+        # then nothing is a stray this session.
+        self.clean_pending = len(scanner) > len(in_use) and not any(b for _, b in gathered)
         mine = [(Path(p), o) for key, p, o, _u in listing if scanner[key] == self.rank]
         self.strays = [
             Path(p) for key, p, _o, _u in listing if scanner[key] == self.rank and key not in in_use
-        ]
+        ] if self.clean_pending else []  # fmt: skip
         return [(p, o) for p, o in mine if o < self.world]
 
-    def _listing(self) -> list[tuple[tuple, str, int, bool]]:
+    def _listing(self) -> tuple[list[tuple[tuple, str, int, bool]], bool]:
         """``(key, path, owner, used)`` of every snapshot directory of this run on this
         host: ``key`` names the directory alike on every rank that sees it (its root's id
-        and its name), ``used`` says it is this rank's own or held one."""
+        and its name), ``used`` says it is this rank's own or held one; and whether some
+        root could not be named (:func:`_root_id`)."""
         if not self.tier.usable:
-            return []
+            return [], False
         used = {self.tier.dir} | ({self.held.root} if self.held is not None else set())
-        out = []
+        out, blind = [], False
         for root in self.roots:
             if root.is_symlink() or not root.is_dir():
                 continue
             rid = _root_id(root)
+            blind = blind or rid is None
+            if rid is None:
+                # Another rank may see this directory and use what is in it, under a name this
+                # rank cannot know: only this rank's own entries are listed, under a key of
+                # this rank alone, so none is vetted twice or taken for a stray.
+                logger.warning(
+                    "local tier: rank %d cannot read or make %s (not a regular file): the "
+                    "snapshot directories there that it does not use are neither read nor "
+                    "removed; remove it to let the next restore name the directory",
+                    self.rank, root / _ROOT_ID,
+                )  # fmt: skip
             for entry in sorted(root.iterdir()):
                 m = _SNAPSHOT_DIR.match(entry.name)
                 if m is None or entry.is_symlink() or not entry.is_dir():
                     continue
-                out.append(((rid, entry.name), str(entry), int(m[2]), entry in used))
-        return out
+                if rid is None and entry not in used:
+                    continue
+                key = (rid if rid is not None else f"rank {self.rank}: {root}", entry.name)
+                out.append((key, str(entry), int(m[2]), entry in used))
+        return out, blind
 
     def clean_strays(self) -> None:
         """Remove the snapshot directories no rank of this job uses (:meth:`_scanned`), once
@@ -653,25 +666,32 @@ def _read_ring_file(path: Path) -> dict:
 _ROOT_ID = ".ckptsim-root"
 """In each run directory of a local tier: a random id, so that ranks that see one directory
 (on one host, or through a file system shared by mistake) name it alike, and ranks that see
-two directories of one path (one per host) do not."""
+two directories of one path (one per host) do not. Where it cannot be read, a rank lists only
+the directories it uses there: what else is in it is neither vetted nor removed."""
 
 
-def _root_id(root: Path) -> str:
+def _root_id(root: Path) -> str | None:
     """The id of the run directory ``root``, made (atomically: a link, never overwritten) by
-    the first rank to ask; where it can be neither read nor made, this host's name and the
-    directory's inode stand in."""
+    the first rank to ask; None where it can be neither read nor made (``.ckptsim-root`` is no
+    regular file, empty, or the directory takes no link): then ranks that see the directory
+    cannot know that they see the same one."""
     path = root / _ROOT_ID
     for _ in range(2):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                value = f.read(64).decode("ascii", "replace").strip()
+        try:  # a regular file only: never through a symlink, never waiting on a FIFO
+            fd = open_regular(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        except OSError:
+            return None
+        if fd is not None:
+            try:
+                value = os.read(fd, 64).decode("ascii", "replace").strip()
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
             if value:
                 return value
-        except FileNotFoundError:
-            pass
-        except OSError:
-            break
         tmp = root / f"{_ROOT_ID}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             tmp.write_text(uuid.uuid4().hex + "\n", encoding="ascii")
@@ -679,11 +699,10 @@ def _root_id(root: Path) -> str:
         except FileExistsError:
             pass
         except OSError:
-            break
+            return None
         finally:
             tmp.unlink(missing_ok=True)
-    st = root.stat()
-    return f"{_HOST[0]}:{_HOST[1]}:{st.st_dev}:{st.st_ino}"
+    return None
 
 
 def _copy_checked(src: Path, files: dict, into: Path | None) -> str | None:

@@ -131,7 +131,8 @@ def open_local_tier(ckpt) -> LocalTier:
     )
     ckpt._ring = None
     if ring:
-        ckpt._ring = Ring(backend, tier, run_id=rid, local_dir=ckpt._local_dir)
+        # The template, {rank} and all: the ring looks in every rank's directory.
+        ckpt._ring = Ring(backend, tier, run_id=rid, local_dir=ckpt._local_template)
         everyone = ckpt._ring.gather((tier.found, tier.disabled))
         # Whether every rank found its own directory: a restart that lost a host is a node loss.
         tier.found = all(found for found, _ in everyone)
@@ -198,6 +199,7 @@ class TierMixin:
         self._local_dir = check_local_dir(
             local_dir, self.root, remote=self._remote, rank=self.backend.rank
         )
+        self._local_template = str(local_dir)
         keep = 2 if self.async_save else 1
         if local_keep_last is not None:
             bad = isinstance(local_keep_last, bool) or not isinstance(local_keep_last, int)
@@ -406,10 +408,10 @@ class TierMixin:
         if self.local is None or self._generation_settled:
             return
         self._generation_settled = True
-        if not self.local.usable or self.read_only or self.restored_tier == LOCAL:
+        if not self.local.usable or self.restored_tier == LOCAL:
             return
-        new, why = None, None
-        if self.backend.rank == 0:
+        new, why = None, "the checkpoint directory is read-only" if self.read_only else None
+        if self.backend.rank == 0 and not self.read_only:
             new, why = next_generation(
                 self.storage, self.root, self._run_record, remote=self._remote
             )
