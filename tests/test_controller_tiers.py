@@ -281,16 +281,14 @@ def test_a_session_that_never_restores_starts_a_branch_and_drops_the_old_snapsho
     ck.close()
 
 
-@pytest.mark.xfail(strict=True, reason="audit: a generation number is reused after a rollback")
 def test_a_checkpoint_directory_restored_from_a_backup_takes_no_snapshot_of_an_abandoned_branch(
     tmp_path, local_root
 ):
-    """Audit: generations are counted, so they are reused when the checkpoint directory goes
-    back to an older copy (a backup restored by hand). Session B branches on host B (its
-    snapshots record generation 2); the directory is then restored from a backup taken before
-    B (generation 1), and session C on host C branches again: generation 2 once more. When
-    host B is back, the next session takes B's abandoned snapshot as this run's newest state,
-    dropping C's work."""
+    """Generations are counted, so the count is reused when the checkpoint directory goes back
+    to an older copy (a backup restored by hand): session B branches on host B (generation 2);
+    the directory is restored from a backup taken before B, and session C on host C branches
+    again (generation 2 once more). When host B is back, its abandoned snapshot must not pass
+    for this run's newest state: a branch is named by a random id, not by the count."""
     host_a, host_b, host_c = local_root / "a", local_root / "b", local_root / "c"
     directory, backup = tmp_path / "ckpt", tmp_path / "backup"
     _crash_after(directory, host_a, 150)  # local 145 on A; persistent 125; generation 1

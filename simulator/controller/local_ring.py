@@ -409,6 +409,7 @@ class Ring:
             "step": step,
             "run_id": self.run_id,
             "generation": self.tier.generation,
+            "branch": self.tier.branch,
         }
         (tmp / RING_FILE).write_text(json.dumps(body) + "\n", encoding="utf-8")
 
@@ -630,7 +631,7 @@ class Ring:
             return "corrupt", str(exc)
         if ring.get("run_id") != self.run_id:
             return "foreign", f"it belongs to run {ring.get('run_id')!r}, not to {self.run_id}"
-        stale = superseded(ring.get("generation", 0), self.tier.generation)
+        stale = superseded(ring, self.tier.generation, self.tier.branch)
         if stale is not None:
             return stale
         if ring.get("world_size") != self.world:

@@ -31,10 +31,12 @@ the persistent tier (the host was lost, or its snapshot was damaged) or from ste
 new branch of the run, and any local snapshot of an earlier branch is dead: restoring one
 later (its host comes back, or a job of another size could not read it) would drop the work of
 every session since, even when its step is the newer one. So the run's record
-(:data:`RUN_ID_FILE`) also holds a *generation*, raised (by rank 0, holding the directory's
-lock, before this session saves anything) whenever a session starts a new branch; every local
-snapshot records the generation it was written in, and one of an earlier generation is
-refused at restore as superseded (moved aside like any refused one) whatever its step.
+(:data:`RUN_ID_FILE`) also holds the current branch — a random id, and a *generation* that
+counts branches for messages — renewed (by rank 0, holding the directory's lock, before this
+session saves anything) whenever a session starts a new branch; every local snapshot records
+the branch it was written in, and one of another branch is refused at restore as superseded
+(moved aside like any refused one) whatever its step. The id is random, not the count, so a
+checkpoint directory restored from a backup never gives a new branch an abandoned one's name.
 
 Under torch.distributed each rank's checkpoints are in ``<local_dir>/<run id>/rank-<r>/`` and
 a copy of another rank's beside them (:mod:`simulator.controller.local_ring`); ``{rank}`` in
@@ -83,11 +85,15 @@ class RunRecord(NamedTuple):
     run_id: str
     generation: int
     """How many times a session went on from anything but the local tier's newest snapshot
-    (the persistent tier, or step 0): a local snapshot counts only if written in the
-    current generation (module docstring, "Branches")."""
+    (the persistent tier, or step 0): said in messages."""
+    branch: str = ""
+    """The current branch's random id: a local snapshot counts only if written in it (module
+    docstring, "Branches"). Random, not the count, so that a directory restored from a backup
+    never gives a new branch the name of one it abandoned ("" in records written before)."""
 
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+_BRANCH = re.compile(r"^[0-9a-f]{0,32}$")
 _MAX_BYTES = 4096
 
 
@@ -126,8 +132,9 @@ def run_id(storage, root, *, remote: bool, create: bool) -> tuple[RunRecord | No
         try:
             body = json.loads(data)
             value, generation = body.get("run_id"), body.get("generation", 0)
+            branch = body.get("branch", "")
         except (ValueError, AttributeError, RecursionError):
-            value, generation = None, None
+            value, generation, branch = None, None, None
         if not isinstance(value, str) or not _RUN_ID.match(value):
             return None, f"{RUN_ID_FILE} holds no valid run id (remove it to start a new one)"
         if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
@@ -135,38 +142,44 @@ def run_id(storage, root, *, remote: bool, create: bool) -> tuple[RunRecord | No
                 f"{RUN_ID_FILE} holds no valid generation ({generation!r}); remove it to start "
                 "a new one"
             )
-        return RunRecord(value, generation), None
+        if not isinstance(branch, str) or not _BRANCH.match(branch):
+            return None, f"{RUN_ID_FILE} holds no valid branch id; remove it to start a new one"
+        return RunRecord(value, generation, branch), None
     if not create:
         return None, f"no {RUN_ID_FILE} (the directory cannot be written)"
-    record = RunRecord(uuid.uuid4().hex, 0)
+    record = RunRecord(uuid.uuid4().hex, 0, uuid.uuid4().hex)
     why = _write_record(storage, root, record, remote=remote)
     return (None, why) if why else (record, None)
 
 
 def next_generation(
     storage, root, record: RunRecord, *, remote: bool
-) -> tuple[int | None, str | None]:
+) -> tuple[RunRecord | None, str | None]:
     """Record in the persistent directory that the run goes on from a branch of its own:
-    (the new generation, None), or (None, why it could not be recorded)."""
-    new = RunRecord(record.run_id, record.generation + 1)
+    (the new record, None), or (None, why it could not be recorded)."""
+    new = RunRecord(record.run_id, record.generation + 1, uuid.uuid4().hex)
     why = _write_record(storage, root, new, remote=remote)
-    return (None, why) if why else (new.generation, None)
+    return (None, why) if why else (new, None)
 
 
-def superseded(saved, generation: int) -> tuple[str, str] | None:
-    """Why a local snapshot written in generation ``saved`` is not of the run's current
-    ``generation`` (``("superseded", reason)``), or None. A snapshot from before generations
-    were recorded counts as generation 0."""
-    if saved == generation:
+def superseded(saved: dict, generation: int, branch: str) -> tuple[str, str] | None:
+    """Why a local snapshot whose record (``saved``: its ``generation`` and ``branch``) is not
+    of the run's current ``branch`` (``("superseded", reason)``), or None. A snapshot from
+    before generations were recorded counts as generation 0 of branch ""."""
+    if saved.get("branch", "") == branch:
         return None
+    was = saved.get("generation", 0)
     return "superseded", (
-        f"written in generation {saved!r} of this run, which a later session left for another "
+        f"written in generation {was!r} of this run, which a later session left for another "
         f"checkpoint (generation {generation} now): restoring it would drop that session's work"
     )
 
 
 def _write_record(storage, root, record: RunRecord, *, remote: bool) -> str | None:
-    body = (json.dumps({"run_id": record.run_id, "generation": record.generation}) + "\n").encode()
+    body = json.dumps(
+        {"run_id": record.run_id, "generation": record.generation, "branch": record.branch}
+    )
+    body = (body + "\n").encode()
     try:
         if remote:
             storage.write_bytes(RUN_ID_FILE, body)
@@ -226,11 +239,14 @@ class LocalTier:
         why: str | None,
         sub: str | None = None,
         generation: int = 0,
+        branch: str = "",
     ):
         self.base = Path(local_dir)
         self.run_id = run
         self.generation = generation
-        """The run's generation (:class:`RunRecord`): what this session's snapshots record."""
+        self.branch = branch
+        """The run's generation and branch (:class:`RunRecord`): what this session's
+        snapshots record."""
         self.keep_last = keep_last
         self.root = self.base / (run or "no-run-id")
         self.dir = self.root / sub if sub else self.root

@@ -118,7 +118,7 @@ def open_local_tier(ckpt) -> LocalTier:
         record, why = backend.broadcast((record, why))
     ckpt._run_record = record
     ckpt._generation_settled = False
-    rid, generation = (record.run_id, record.generation) if record is not None else (None, 0)
+    rid, generation, branch = record if record is not None else (None, 0, "")
     ring = backend.writes_manifest()
     sub = f"rank-{backend.rank}" if ring else None
     tier = LocalTier(
@@ -128,6 +128,7 @@ def open_local_tier(ckpt) -> LocalTier:
         why=why,
         sub=sub,
         generation=generation,
+        branch=branch,
     )
     ckpt._ring = None
     if ring:
@@ -251,6 +252,7 @@ class TierMixin:
             state["tiered"] = {
                 "run_id": self.local.run_id,
                 "generation": self.local.generation,
+                "branch": self.local.branch,
                 "local_save_stall_s": self.schedule.local_stall.value,
             }
 
@@ -397,7 +399,7 @@ class TierMixin:
         owner = tiered.get("run_id")
         if owner != self.local.run_id:
             return "foreign", f"it belongs to run {owner!r}, not to this run ({self.local.run_id})"
-        return superseded(tiered.get("generation", 0), self.local.generation)
+        return superseded(tiered, self.local.generation, self.local.branch)
 
     def _settle_generation(self) -> None:
         """Once a session, before it saves anything: unless it went on from the local tier,
@@ -427,8 +429,8 @@ class TierMixin:
                     stacklevel=4,
                 )
             return
-        self._run_record = self._run_record._replace(generation=new)
-        self.local.generation = new
+        self._run_record = new
+        self.local.generation, self.local.branch = new.generation, new.branch
         self._drop_superseded()
 
     def _drop_superseded(self) -> None:
