@@ -13,7 +13,6 @@ from the per-run data the report keeps in ``reports/data/<report>-runs.json``.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import tempfile
@@ -26,6 +25,12 @@ if str(REPO) not in sys.path:  # run as a script: make `experiments` and `simula
 
 from experiments.crashtest.report import render_figures, summarise, write_report  # noqa: E402
 from experiments.crashtest.study import StudyConfig, run_study  # noqa: E402
+from experiments.crashtest.study_cli import (  # noqa: E402
+    CLOCK_FIELDS,
+    overrides,
+    render_only,
+    study_parser,
+)
 
 
 def config_for(args, workdir: Path) -> StudyConfig:
@@ -33,40 +38,21 @@ def config_for(args, workdir: Path) -> StudyConfig:
         base = dict(mtbf_s=60.0, work_s=20.0, repeats=1, multipliers=(4.0,), replicas=500)
     else:
         base = {}  # StudyConfig's defaults: the full study
-    for key in ("mtbf_s", "work_s", "repeats", "workers", "seed"):
-        if getattr(args, key) is not None:
-            base[key] = getattr(args, key)
-    if args.weibull_shape is not None:
-        base["weibull_shape"] = args.weibull_shape
+    base = overrides(args, base, (*CLOCK_FIELDS, "weibull_shape"))
     return StudyConfig(workdir=workdir, **base)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one repeat, fewer policies (minutes)")
-    p.add_argument("--workdir", type=Path, help="scratch directory (default: a temp dir)")
-    p.add_argument("--out", type=Path, default=REPO / "reports" / "closed-loop.md")
-    p.add_argument("--mtbf-s", type=float, help="mean of the failure clock, seconds")
-    p.add_argument("--work-s", type=float, help="failure-free compute per job, seconds")
-    p.add_argument("--repeats", type=int, help="kill schedules (every policy runs each)")
-    p.add_argument("--workers", type=int, help="jobs at once")
-    p.add_argument("--seed", type=int)
+    p = study_parser(
+        __doc__.splitlines()[0],
+        REPO / "reports" / "closed-loop.md",
+        quick="one repeat, fewer policies (minutes)",
+        mtbf="mean of the failure clock, seconds",
+        repeats="kill schedules (every policy runs each)",
+    )
     p.add_argument("--weibull-shape", type=float, help="Weibull clock of this shape")
-    p.add_argument(
-        "--reuse", action="store_true", help="re-account the runs already in --workdir (no runs)"
-    )
-    p.add_argument(
-        "--render-only",
-        action="store_true",
-        help="redraw the figures from reports/data/<report>-runs.json (no runs, no report)",
-    )
     args = p.parse_args(argv)
-    if args.render_only:
-        data = args.out.parent / "data" / f"{args.out.stem}-runs.json"
-        if not data.exists():
-            p.error(f"{data} not found: the figures' data are written by a full or --reuse run")
-        for path in render_figures(data, args.out.parent / "figures", args.out.stem):
-            print(f"wrote {path}")
+    if render_only(p, args, render_figures):
         return 0
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:

@@ -14,7 +14,6 @@ the figures from ``reports/data/<report>-runs.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -26,45 +25,34 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `experiments` and `simulator` importable
     sys.path.insert(0, str(REPO))
 
+from experiments.crashtest.study_cli import (  # noqa: E402
+    CLOCK_FIELDS,
+    overrides,
+    render_only,
+    study_parser,
+)
 from experiments.crashtest.tiers_report import render_figures, summarise, write_report  # noqa: E402
 from experiments.crashtest.tiers_study import TiersConfig, run_tiers_study  # noqa: E402
 
 
 def config_for(args, workdir: Path) -> TiersConfig:
     base = dict(work_s=25.0, repeats=1, replicas=100) if args.quick else {}
-    for key in ("mtbf_s", "work_s", "repeats", "workers", "seed", "grace_s"):
-        if getattr(args, key) is not None:
-            base[key] = getattr(args, key)
+    base = overrides(args, base, (*CLOCK_FIELDS, "grace_s"))
     return TiersConfig(workdir=workdir, **base)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
+    p = study_parser(
+        __doc__.splitlines()[0],
+        REPO / "reports" / "closed-loop-tiers.md",
+        quick="one repeat of a short job (minutes)",
+        mtbf="mean of the failure clock, every class, s",
+        repeats="failure schedules (every policy runs each)",
         epilog="Example: python experiments/closed_loop_tiers.py --quick --workdir /tmp/tiers",
     )
-    p.add_argument("--quick", action="store_true", help="one repeat of a short job (minutes)")
-    p.add_argument("--workdir", type=Path, help="scratch directory (default: a temp dir)")
-    p.add_argument("--out", type=Path, default=REPO / "reports" / "closed-loop-tiers.md")
-    p.add_argument("--mtbf-s", type=float, help="mean of the failure clock, every class, s")
-    p.add_argument("--work-s", type=float, help="failure-free compute per job, seconds")
-    p.add_argument("--repeats", type=int, help="failure schedules (every policy runs each)")
-    p.add_argument("--workers", type=int, help="jobs at once")
     p.add_argument("--grace-s", type=float, help="preemption grace period, seconds")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--reuse", action="store_true", help="re-account the runs in --workdir")
-    p.add_argument(
-        "--render-only",
-        action="store_true",
-        help="redraw the figures from reports/data/<report>-runs.json (no runs, no report)",
-    )
     args = p.parse_args(argv)
-    if args.render_only:
-        data = args.out.parent / "data" / f"{args.out.stem}-runs.json"
-        if not data.exists():
-            p.error(f"{data} not found: the figures' data are written by a full or --reuse run")
-        for path in render_figures(data, args.out.parent / "figures", args.out.stem):
-            print(f"wrote {path}")
+    if render_only(p, args, render_figures):
         return 0
     if args.reuse and args.workdir is None:
         p.error("--reuse needs --workdir (the runs to re-account)")

@@ -24,6 +24,9 @@ __all__ = [
     "daly_interval",
     "daly_wall_time",
     "optimal_interval",
+    "refreshed_age_s",
+    "refreshed_interval",
+    "refreshed_saves_per_s",
     "tier_first_order",
     "waste_fraction",
     "young_interval",
@@ -162,3 +165,46 @@ def tier_first_order(costs_s, rates_per_s, restart_cost_per_s=0.0):
         tau = np.sqrt(2.0 * costs / rates)
     waste = float(np.sum(np.sqrt(2.0 * rates * costs)) + float(restart_cost_per_s))
     return tau, waste
+
+
+# A tier that also gets a copy at Poisson times of rate ρ, each restarting its interval (a
+# just-in-time save written into it after another class's failure, ``model.tiers.refreshed_by``):
+# the gaps between its copies are X = min(τ, E), E ~ Exp(ρ). With ρ = 0 these are the plain
+# first-order terms (τ/2, 1/τ, Young); with τ = inf only the refreshes give copies.
+
+
+def refreshed_age_s(tau, refresh):
+    """Expected work since the tier's newest copy when a failure strikes, seconds:
+    E[X²] / (2 E[X]) = (1 − x/(eˣ − 1)) / ρ with x = ρτ (τ/2 when ρ = 0, 1/ρ when τ = inf)."""
+    tau, rho = _arrays(tau, refresh)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        x = rho * tau
+        # 1 − x/(eˣ − 1) = x/2 − x²/12 + x⁴/720 − …: its series where the difference cancels.
+        small = x * (0.5 - x * (1.0 / 12.0 - x * x / 720.0))
+        share = np.where(x < 1e-3, small, 1.0 - x / np.expm1(x))
+        out = np.where(rho > 0, np.where(np.isinf(tau), 1.0 / rho, share / rho), tau / 2.0)
+    return _scalar_or_array(out)
+
+
+def refreshed_saves_per_s(tau, refresh):
+    """Scheduled saves per second of compute: P(E > τ) / E[X] = ρ / (e^(ρτ) − 1) (1/τ when
+    ρ = 0; none when τ = inf)."""
+    tau, rho = _arrays(tau, refresh)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = np.where(rho > 0, rho / np.expm1(rho * tau), 1.0 / tau)
+    return _scalar_or_array(out)
+
+
+def refreshed_interval(cost_s, rate_per_s, refresh):
+    """First-order optimum interval of a refreshed tier: the τ minimising
+    C·ρ/(e^(ρτ) − 1) + λ·age(τ, ρ), its stalls (``refreshed_saves_per_s``) and the work its
+    failures lose (``refreshed_age_s``), C the save stall and λ the rate of the failures that
+    roll back to it. Setting the derivative to zero gives e^x·(1 + a − x) = 1 for x = ρτ and
+    a = Cρ²/λ: Daly's equation (``optimal_interval``) for x − a at δ/M = a, so
+    τ = (a + τ*/M(a)) / ρ. As ρ → 0 this is Young's sqrt(2C/λ); with λ = 0, inf."""
+    cost, rate, rho = _arrays(cost_s, rate_per_s, refresh)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = cost * rho * rho / rate
+        out = np.where(rho > 0, (a + _optimal_fraction(a)) / rho, np.sqrt(2.0 * cost / rate))
+        out = np.where(rate > 0, out, np.inf)
+    return _scalar_or_array(out)

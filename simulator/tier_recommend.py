@@ -24,13 +24,13 @@ from simulator.display import format_duration, format_percent, format_usd
 from simulator.errors import InputError
 from simulator.model.tier_plan import (
     ROUGH_STRAIN,
-    class_terms,
     closed_form_plan,
     first_order_strain,
     job_waste_fraction,
+    served_rates_per_s,
     storage_usd_per_day,
 )
-from simulator.model.tiers import Tier, save_writers, scheduled, served_by
+from simulator.model.tiers import Tier, save_writers, scheduled
 
 __all__ = ["FIRST_ORDER_METHOD", "adopt_simulated", "recommend_tiers", "what_it_assumes"]
 
@@ -46,13 +46,7 @@ STRATEGY_HINT = (
 def _rates_per_h(scenario, kind: str) -> dict[str, float]:
     """Failures per hour (a burst counting once) of each tier of ``kind`` (``jit`` or
     ``step``, ``served_by``): the classes it serves."""
-    pick = (lambda t: t.jit) if kind == "jit" else (lambda t: t.every_step)
-    out = {t.name: 0.0 for t in scenario.tiers if pick(t)}
-    for name, rate, _ in class_terms(scenario):
-        how, by = served_by(scenario.tiers, name)
-        if how == kind:
-            out[by.name] += rate * 3600.0
-    return out
+    return {n: r * 3600.0 for n, r in served_rates_per_s(scenario, kind).items()}
 
 
 def what_it_assumes(scenario, tier: Tier) -> str:
@@ -66,10 +60,11 @@ def what_it_assumes(scenario, tier: Tier) -> str:
     survived = [c for c in classes if c in tier.survives]
     lost = [c for c in classes if c not in tier.survives]
     if tier.jit:
+        into = "" if tier.into is None else f" into {tier.into}, where it counts as a copy,"
         return (
             f"{tier.name}: healthy replicas still hold the whole state after a "
-            f"{', '.join(survived)} failure and save it in {tier.checkpoint_s or 0.0:g} s "
-            f"(restore {tier.restore_s:.3g} s)"
+            f"{', '.join(survived)} failure and save it{into} in {tier.checkpoint_s or 0.0:g} "
+            f"s (restore {tier.restore_s:.3g} s)"
         )
     cost = f"{tier.stall_s(writers):.3g} s stall per save"
     if tier.asynchronous:

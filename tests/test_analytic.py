@@ -1,6 +1,8 @@
 """Closed forms against Daly (FGCS 2006), Table 1, a high-precision Lambert W, a numerical
 minimiser, and an independent Monte-Carlo run of the renewal model they describe."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -196,3 +198,29 @@ def test_daly_wall_time_matches_a_monte_carlo_run_of_the_renewal_model():
     # is ~10 % lower here and must be rejected by the same run.
     restarts_never_fail = (mtbf + restart) * np.expm1((tau + delta) / mtbf)
     assert abs(mean - restarts_never_fail) > 4 * se
+
+
+def test_a_refreshed_tier_is_youngs_without_refreshes_and_its_interval_minimises_its_waste():
+    from scipy.optimize import minimize_scalar
+
+    from simulator.analytic import refreshed_age_s, refreshed_interval, refreshed_saves_per_s
+
+    assert refreshed_interval(10.0, 1e-4, 0.0) == pytest.approx(math.sqrt(2 * 10.0 / 1e-4))
+    assert refreshed_interval(1.0, 1e-6, 1e-12) == pytest.approx(math.sqrt(2e6), rel=1e-6)
+    assert refreshed_interval(10.0, 0.0, 1e-3) == math.inf  # nothing rolls back to it
+    assert refreshed_age_s(100.0, 0.0) == 50.0 and refreshed_saves_per_s(100.0, 0.0) == 0.01
+    assert refreshed_age_s(math.inf, 0.5) == 2.0 and refreshed_saves_per_s(math.inf, 0.5) == 0
+    # Series and direct form meet where they switch (x = ρτ = 1e-3).
+    assert refreshed_age_s(0.999e-3, 1.0) == pytest.approx(refreshed_age_s(1.001e-3, 1.0), 3e-3)
+    for cost, rate, rho in [(300.0, 1 / 72000, 1 / 3600), (10.0, 1 / 3.6e5, 1 / 3.6e4),
+                            (600.0, 1 / 3600, 1 / 3.6e5)]:  # fmt: skip
+
+        def waste(log_tau, cost=cost, rate=rate, rho=rho):
+            tau = math.exp(log_tau)
+            return cost * refreshed_saves_per_s(tau, rho) + rate * refreshed_age_s(tau, rho)
+
+        best = refreshed_interval(cost, rate, rho)
+        near = minimize_scalar(waste, bracket=(math.log(best) - 1, math.log(best) + 1))
+        assert best == pytest.approx(math.exp(near.x), rel=1e-3)
+        assert waste(math.log(best)) <= waste(near.x) * (1 + 1e-12)
+        assert waste(math.log(best)) < rate / rho  # better than saving only on refreshes

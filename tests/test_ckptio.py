@@ -90,7 +90,7 @@ def test_every_dtype_it_accepts_round_trips_through_the_safetensors_library_exac
     bits = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=g)
     state = {
         f"{dtype}-ü": bits[: 24 * dtype.itemsize].view(dtype).reshape(2, 3, 4)
-        for dtype in ckptio.layout.DTYPE_NAMES
+        for dtype in ckptio.layout.TORCH_DTYPES
     }
     state |= {"empty": torch.empty(0, 5), "scalar": torch.tensor(2.5, dtype=torch.float64)}
     write_checkpoint(tmp_path / "ck", state, {})

@@ -15,7 +15,6 @@ import contextlib
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _dist import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).with_name("loader_train.py")
@@ -33,12 +33,6 @@ SAVE_AT = "5,8,14"
 KILLS = {7: 5, 11: 8, 18: 14}
 STEPS = 24  # 3 epochs of 64 samples in batches of 8
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(ROOT)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(command: list[str], *, killed: bool, cwd: Path = ROOT) -> str:
@@ -57,7 +51,7 @@ def _script(directory: Path, out: Path, *args: str, ranks: int = 1) -> list[str]
     head = [sys.executable]
     if ranks > 1:
         head += ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}"]
-        head += [f"--master_port={_free_port()}", "--tee=3"]
+        head += [f"--master_port={free_port()}", "--tee=3"]
     return [*head, str(SCRIPT), str(directory), "--out", str(out), *args]
 
 

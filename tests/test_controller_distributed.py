@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -23,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _dist import fork_ranks, free_port
 
 WORLD = 2
 STEPS = 20
@@ -44,12 +44,6 @@ _COLLECTIVES = (
     "scatter",
     "reduce_scatter",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init(rank: int, port: int) -> None:
@@ -192,23 +186,9 @@ def _run(
     roundtrip: Path | None = None,
     wrap: str = "ddp",
 ) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    args = (
-        _free_port(),
-        str(root),
-        str(out),
-        stop_at,
-        None if roundtrip is None else str(roundtrip),
-        wrap,
-    )
-    try:
-        # fork: the children inherit the imported torch, which saves seconds per process.
-        mp.start_processes(_train_worker, args=args, nprocs=WORLD, start_method="fork")
-    except mp.ProcessExitedException:
-        if stop_at is None:
-            raise
-        return []
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    roundtrip = None if roundtrip is None else str(roundtrip)
+    args = (free_port(), str(root), str(out), stop_at, roundtrip, wrap)
+    return fork_ranks(_train_worker, args, WORLD, out, killed_ok=stop_at is not None)
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +336,7 @@ def test_a_killed_and_resumed_fsdp2_sharded_run_ends_bit_identical(tmp_path):
 def one_rank():
     """A one-process gloo group in this process: enough for DCP's file handling."""
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     yield
     dist.destroy_process_group()
@@ -492,7 +472,7 @@ def test_every_rank_is_refused_when_another_run_holds_the_directory(tmp_path):
     root = tmp_path / "ckpt"
     holder = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2))  # the job still running
     try:
-        args = (_free_port(), str(root), str(tmp_path))
+        args = (free_port(), str(root), str(tmp_path))
         mp.start_processes(_open_locked_directory, args=args, nprocs=WORLD, start_method="fork")
     finally:
         holder.close()

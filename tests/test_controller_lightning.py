@@ -23,6 +23,7 @@ import lightning as L
 import pytest
 import torch
 from _damage import flip_a_byte
+from _dist import rank_results
 
 from simulator import ckptio
 from simulator.controller.lightning import (
@@ -427,7 +428,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
 
 
 def _results(out: Path, world: int) -> list[dict]:
-    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    return rank_results(out, world, weights_only=True)
 
 
 def _assert_identical(reference: list[dict], resumed: list[dict]) -> None:

@@ -166,7 +166,8 @@ def test_a_failed_upload_on_s3_leaves_the_newest_complete_checkpoint_and_no_part
 
 def test_without_exclusive_retention_deletes_only_what_this_process_wrote(s3_url):
     save_steps(s3_url, [10, 20, 30], keep_last=3)
-    save_steps(s3_url, [31, 32, 33], keep_last=2)  # the unlocked-directory rule
+    with pytest.warns(UserWarning, match="holds 1 complete checkpoint.* beyond keep_last=2"):
+        save_steps(s3_url, [31, 32, 33], keep_last=2)  # the unlocked-directory rule
     assert sorted(steps_in(s3_url)) == [10, 20, 30, 32, 33]
 
 
@@ -428,3 +429,26 @@ def test_the_framework_adapters_say_in_one_line_that_they_write_to_file_systems(
 
     with pytest.raises(InputError, match="the Lightning adapter checkpoints to a local or shared"):
         AdaptiveCheckpoint("s3://bucket/run")
+
+
+def test_without_exclusive_a_relaunch_says_what_retention_will_never_delete():
+    """Each relaunch keeps its last keep_last checkpoints for good (retention deletes only this
+    process's saves): the store grows, and the relaunch that finds more says so, once."""
+    url = f"memory://ckptsim-{uuid.uuid4().hex[:8]}/run"
+    save_steps(url, [1, 2, 3], keep_last=2)  # keeps 2, 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # two complete checkpoints, keep_last 2: nothing to say
+        save_steps(url, [4, 5, 6], keep_last=2)  # keeps 2, 3 and its own 5, 6
+    with pytest.warns(UserWarning) as caught:
+        save_steps(url, [7], keep_last=2)
+    said = [str(w.message) for w in caught if "beyond keep_last" in str(w.message)]
+    assert said == [
+        f"{url} holds 2 complete checkpoint(s) beyond keep_last=2 (oldest {checkpoint_name(2)}) "
+        "that earlier processes wrote; without a lock retention deletes only this process's "
+        "saves, so they stay and each relaunch adds more: pass exclusive=True if no other "
+        "process writes here, or delete them"
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the user's promise: retention keeps the bound itself
+        save_steps(url, [8], keep_last=2, storage=FsspecStorage(url, exclusive=True))
+    assert restored_weight(url) == (8, 8.0)

@@ -1,16 +1,21 @@
-"""optimizer_precision: the optimizer's moments saved in bf16 or blockwise int8 (opt-in).
+"""optimizer_precision / weights_precision: moments in bf16 or blockwise int8, weights in bf16.
 
 The default stays bit-exact and writes the same checkpoint as before; bf16 and int8 shrink the
 optimizer part ~2x and ~3.9x, round-trip within stated relative errors, keep ``exp_avg_sq``
 non-negative and finite, record themselves in meta.json, warn once at restore, and a run
-resumed from an int8 checkpoint trains on within 1 % of the exact resume's loss. Tampered
-reduced entries are corrupt (the run falls back), never NaN or a raw exception.
+resumed from an int8 checkpoint trains on within 1 % of the exact resume's loss. Weights in
+bf16 are fp32 weights rounded to nearest, tied weights stored once, and a bf16 model stays
+bit-exact. Which tensors qualify costs one synchronisation, not one per tensor; an async save
+encodes in its writer thread and writes what a synchronous one does. Tampered reduced entries
+are corrupt (the run falls back), never NaN or a raw exception.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
+import threading
 import warnings
 import zlib
 from pathlib import Path
@@ -22,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from simulator import ckptio
 from simulator.ckptio import CorruptCheckpoint, verify_checkpoint
 from simulator.controller import AdaptiveCheckpointer, LocalBackend
+from simulator.controller import checkpointer as checkpointer_module
 from simulator.controller.precision import BLOCK, MIN_NUMEL, expand_state, reduce_state
 from simulator.controller.storage import checkpoint_name
 from simulator.errors import InputError
@@ -124,7 +130,12 @@ def test_reduced_moments_round_trip_within_tolerance_and_the_rest_stays_exact(sa
         [ckptio.TENSOR_FILE, ckptio.META_FILE, ckptio.MANIFEST]
     )  # safetensors and JSON only: no pickle anywhere
     meta = json.loads((ck / ckptio.META_FILE).read_text())
-    assert meta["precision"] == {"optimizer": precision, "block": BLOCK, "min_numel": MIN_NUMEL}
+    assert meta["precision"] == {
+        "optimizer": precision,
+        "weights": "fp32",
+        "block": BLOCK,
+        "min_numel": MIN_NUMEL,
+    }
     # This run's own option does not matter: the checkpoint's record does.
     model, opt, messages = restored(roots[precision], optimizer_precision="fp32")
     how = "bf16" if precision == "bf16" else f"int8 (blockwise, {BLOCK})"
@@ -288,13 +299,54 @@ TAMPERING = {
         _edit_tensor(f"{SQ}/int8", lambda t: t.to(torch.int16)),
         r"codes are torch.int16",
     ),
+    "a record that calls reduced moments exact": (
+        _edit_meta(lambda m: m["precision"].update(optimizer="fp32")),
+        "optimizer state 0/'exp_avg': a reduced tensor where the precision record says 'fp32'",
+    ),
+    "a record that calls reduced weights exact": (
+        _edit_meta(lambda m: m["precision"].update(weights="fp32")),
+        "model '0.weight': a reduced tensor where the precision record says 'fp32'",
+    ),
+    "a weights record of an unknown precision": (
+        _edit_meta(lambda m: m["precision"].update(weights="int8")),
+        "precision of the weights is 'int8'",
+    ),
+    "a record that reduces nothing": (
+        _edit_meta(lambda m: m["precision"].update(optimizer="fp32", weights="fp32")),
+        "a precision record that reduces nothing",
+    ),
+    "a record with an unknown key": (
+        _edit_meta(lambda m: m["precision"].update(activations="fp8")),
+        "not a precision record",
+    ),
+    "a weight whose dtype is no float": (
+        _edit_meta(lambda m: m["model"]["0.weight"].update(dtype="int32")),
+        "model '0.weight': dtype 'int32' is not a float dtype",
+    ),
+    "a weight shape its data do not fit": (
+        _edit_meta(lambda m: m["model"]["0.weight"].update(shape=[3, 3])),
+        r"model '0.weight': bf16 data is torch.bfloat16 \(4096,\), not 9 bfloat16 values",
+    ),
+    "bf16 weight data of another dtype": (
+        _edit_tensor("model/0.weight/bf16", lambda t: t.to(torch.float16)),
+        r"bf16 data is torch.float16",
+    ),
+    "a weight that decodes to infinity": (
+        _edit_tensor(
+            "model/2.weight/bf16", lambda t: t.index_fill(0, torch.tensor([5]), float("inf"))
+        ),
+        "model '2.weight': decodes to values that are not finite",
+    ),
 }
 
 
 @pytest.fixture
 def two_int8_saves(tmp_path):
+    """Two saves with int8 moments and bf16 weights; the attacks go to the newer one."""
     model, opt = make_run()
-    with checkpointer(tmp_path / "run", model, opt, optimizer_precision="int8", keep_last=2) as c:
+    with checkpointer(
+        tmp_path / "run", model, opt, optimizer_precision="int8", weights_precision="bf16"
+    ) as c:
         for step in (1, 2):
             train(model, opt, range(step - 1, step))
             c.save(step)
@@ -344,3 +396,235 @@ def test_a_reduced_precision_with_a_distributed_backend_is_refused(tmp_path):
     model, opt = make_run()
     with pytest.raises(InputError, match="optimizer_precision='bf16' is for the local backend"):
         checkpointer(tmp_path, model, opt, optimizer_precision="bf16", backend=_SealingBackend())
+
+
+def test_a_reduced_weights_precision_with_a_distributed_backend_is_refused(tmp_path):
+    model, opt = make_run()
+    with pytest.raises(InputError, match="weights_precision='bf16' is for the local backend"):
+        checkpointer(tmp_path, model, opt, weights_precision="bf16", backend=_SealingBackend())
+
+
+@pytest.mark.parametrize("bad", ["int8", "fp16", "BF16", None])
+def test_a_bad_weights_precision_is_one_clear_input_error(tmp_path, bad):
+    model, opt = make_run()
+    with pytest.raises(InputError, match="weights_precision must be one of 'fp32', 'bf16', got"):
+        checkpointer(tmp_path / "run", model, opt, weights_precision=bad)
+    assert not (tmp_path / "run").exists()
+
+
+# -- weights in bf16 ----------------------------------------------------------------------------
+def _save_and_restore(root, model, opt, fresh, **kw):
+    """Save ``model``/``opt`` at step 30 with ``kw``; restore into ``fresh()``'s objects."""
+    with checkpointer(root, model, opt, **kw) as c:
+        c.save(30)
+    model2, opt2 = fresh()
+    c = checkpointer(root, model2, opt2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert c.restore() == 30
+    c.close(finished=False)
+    meta = json.loads((root / checkpoint_name(30) / ckptio.META_FILE).read_text())
+    tensors = load_file(root / checkpoint_name(30) / ckptio.TENSOR_FILE)
+    return model2, opt2, [str(w.message) for w in caught], meta, tensors
+
+
+def test_weights_in_bf16_are_the_fp32_weights_rounded_and_the_rest_stays_exact(tmp_path):
+    model, opt = make_run()
+    train(model, opt, range(30))
+    live = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = [{n: t.clone() for n, t in opt.state[p].items()} for p in model.parameters()]
+    got, opt2, messages, meta, tensors = _save_and_restore(
+        tmp_path / "run", model, opt, lambda: make_run(seed=5), weights_precision="bf16"
+    )
+    assert meta["precision"] == {
+        "optimizer": "fp32",
+        "weights": "bf16",
+        "block": BLOCK,
+        "min_numel": MIN_NUMEL,
+    }
+    assert [m for m in messages if "bit-exact" in m] == [
+        f"model weights restored from bf16: not bit-exact ({checkpoint_name(30)})"
+    ]
+    rounded = 0
+    for key, want in live.items():
+        back = got.state_dict()[key]
+        assert back.dtype == torch.float32
+        if want.numel() >= MIN_NUMEL:
+            rounded += 1
+            assert tensors[f"model/{key}/bf16"].dtype == torch.bfloat16
+            assert torch.equal(back, want.to(torch.bfloat16).float())  # round to nearest
+            assert not torch.equal(back, want)
+        else:
+            assert torch.equal(back, want), key
+    assert rounded == 2
+    # Four bytes a weight value become two.
+    model_bytes = sum(t.nbytes for k, t in tensors.items() if k.startswith("model/"))
+    assert model_bytes == sum(2 * t.numel() if t.numel() >= MIN_NUMEL else t.nbytes
+                              for t in live.values())  # fmt: skip
+    for p, want in zip(got.parameters(), moments, strict=True):
+        assert all(torch.equal(opt2.state[p][n], t) for n, t in want.items())
+
+
+def test_weights_in_bf16_with_int8_moments_say_both_and_train_on_within_1_percent(saved, tmp_path):
+    roots, _ = saved
+    model, opt, _ = restored(roots["fp32"])  # the step-30 run, bit-exact
+    fresh = lambda: make_run(seed=5)  # noqa: E731
+    both, opt2, messages, meta, _ = _save_and_restore(
+        tmp_path / "run", model, opt, fresh, weights_precision="bf16", optimizer_precision="int8"
+    )
+    assert (meta["precision"]["optimizer"], meta["precision"]["weights"]) == ("int8", "bf16")
+    assert [m for m in messages if "bit-exact" in m] == [
+        f"optimizer moments restored from int8 (blockwise, {BLOCK}) and model weights restored "
+        f"from bf16: not bit-exact ({checkpoint_name(30)})"
+    ]
+    exact = train(model, opt, range(30, 230))
+    reduced = train(both, opt2, range(30, 230))
+    assert exact != reduced
+    rel = abs(sum(reduced[-20:]) / sum(exact[-20:]) - 1)
+    assert rel < 0.01, rel
+
+
+def test_a_bf16_model_with_weights_bf16_resumes_bit_exactly_and_records_nothing(tmp_path):
+    """bf16 weights stored as bf16 are the weights: nothing to lose, nothing to warn about."""
+
+    def bf16_run(seed=0):
+        model, _ = make_run(seed)
+        model = model.to(torch.bfloat16)
+        return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+    model, opt = bf16_run()
+    for step in range(5):
+        x, y = batch(step)
+        loss = torch.nn.functional.mse_loss(model(x.bfloat16()), y.bfloat16())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    live = {k: v.clone() for k, v in model.state_dict().items()}
+    got, _, messages, meta, tensors = _save_and_restore(
+        tmp_path / "run", model, opt, lambda: bf16_run(seed=5), weights_precision="bf16"
+    )
+    assert "precision" not in meta and not [m for m in messages if "bit-exact" in m]
+    assert all(torch.equal(got.state_dict()[k], v) for k, v in live.items())
+    assert tensors["model/0.weight"].dtype == torch.bfloat16
+
+
+def test_tied_weights_are_stored_once_in_bf16(tmp_path):
+    def tied_run(seed=0):
+        torch.manual_seed(seed)
+        emb = torch.nn.Embedding(64, 32)
+        head = torch.nn.Linear(32, 64, bias=False)
+        head.weight = emb.weight
+        model = torch.nn.Sequential(emb, head)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    model, opt = tied_run()
+    loss = model(torch.arange(16)).logsumexp(dim=1).mean()
+    loss.backward()
+    opt.step()
+    want = model[0].weight.detach().to(torch.bfloat16).float()
+    got, _, _, _, tensors = _save_and_restore(
+        tmp_path / "run", model, opt, lambda: tied_run(seed=3), weights_precision="bf16"
+    )
+    stored = [k for k in tensors if k.startswith("model/")]
+    assert stored == ["model/0.weight/bf16"], stored  # the head aliases it
+    assert got[0].weight is got[1].weight and torch.equal(got[1].weight.detach(), want)
+
+
+def test_values_the_encoding_could_overflow_are_kept_exact():
+    """Finite values that would decode to infinity (a checkpoint that writes but never
+    restores) are kept as they are: a float64 beyond float32, bfloat16's rounding of the
+    largest float32 values, the square of int8's square-root scale."""
+    huge = torch.full((MIN_NUMEL,), 1e300, dtype=torch.float64)
+    near_max = torch.full((MIN_NUMEL,), 3.4e38)
+    assert torch.isinf(near_max.to(torch.bfloat16)).all()
+    state = {
+        "model": {"w": near_max, "n": torch.full_like(near_max, float("nan")),
+                  "h": torch.randn(MIN_NUMEL).half()},  # 2 bytes: bf16 would shrink nothing
+        "optimizer": {"state": {0: {"exp_avg_sq": huge, "m": near_max, "v": near_max.abs()}},
+                      "param_groups": []},
+    }  # fmt: skip
+    for how in ("bf16", "int8"):
+        assert reduce_state(state, how, weights="bf16") is state, how
+
+
+def test_which_tensors_qualify_is_one_synchronisation_not_one_per_tensor(monkeypatch):
+    state = {
+        "model": {f"w{i}": torch.randn(MIN_NUMEL) for i in range(8)},
+        "optimizer": {
+            "state": {i: {"exp_avg": torch.randn(MIN_NUMEL), "exp_avg_sq": torch.rand(MIN_NUMEL)}
+                      for i in range(8)},
+            "param_groups": [],
+        },
+    }  # fmt: skip
+    state["model"]["bad"] = torch.full((MIN_NUMEL,), float("inf"))
+    reads = []
+    for name in ("__bool__", "__float__", "__int__", "item", "tolist"):
+        method = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _method=method, _name=name, **kw):
+            reads.append(_name)
+            return _method(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    out = reduce_state(state, "int8", weights="bf16")
+    monkeypatch.undo()
+    assert reads == ["tolist"], reads  # one device-to-host read for the whole state
+    assert out["model"]["bad"] is state["model"]["bad"]
+    assert all(isinstance(out["model"][f"w{i}"], dict) for i in range(8))
+    assert out["optimizer"]["state"][3]["exp_avg_sq"]["sqrt"] is True
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_async_save_encodes_in_its_writer_thread(tmp_path, monkeypatch, mode):
+    threads = []
+    original = checkpointer_module.reduce_state
+
+    def spy(state, *a, **kw):
+        threads.append(threading.current_thread().name)
+        return original(state, *a, **kw)
+
+    monkeypatch.setattr(checkpointer_module, "reduce_state", spy)
+    model, opt = make_run()
+    train(model, opt, range(2))
+    with checkpointer(
+        tmp_path / "run", model, opt, optimizer_precision="int8", async_save=mode == "async"
+    ) as c:
+        c.save(2)
+    assert len(threads) == 1
+    assert threads[0].startswith("ckpt-writer") == (mode == "async"), threads
+
+
+def test_a_reduced_async_save_resumes_the_same_as_a_reduced_sync_save(tmp_path):
+    model, opt = make_run()
+    train(model, opt, range(30))
+    runs = {}
+    for mode in ("sync", "async"):
+        got, opt2, messages, _, tensors = _save_and_restore(
+            tmp_path / mode,
+            model,
+            opt,
+            lambda: make_run(seed=5),
+            optimizer_precision="int8",
+            weights_precision="bf16",
+            async_save=mode == "async",
+        )
+        assert any("model weights restored from bf16" in m for m in messages)
+        runs[mode] = (tensors, train(got, opt2, range(30, 60)))
+    (a, sync_losses), (b, async_losses) = runs["sync"], runs["async"]
+    assert sorted(a) == sorted(b) and any(k.endswith("/bf16") for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.startswith("rng"))
+    assert sync_losses == async_losses
+
+
+def test_a_record_from_before_weights_precision_still_restores(saved, tmp_path):
+    """Checkpoints written before ``weights`` joined the record hold exact weights."""
+    roots, expect = saved
+    root = tmp_path / "run"
+    shutil.copytree(roots["int8"], root)
+    ck = root / checkpoint_name(30)
+    _edit_meta(lambda m: m["precision"].pop("weights"))(ck)
+    model, _, messages = restored(root)
+    assert [m for m in messages if "bit-exact" in m] == [
+        f"optimizer moments restored from int8 (blockwise, {BLOCK}): not bit-exact ({ck.name})"
+    ]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in expect["model"].items())

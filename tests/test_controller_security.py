@@ -21,7 +21,6 @@ import pickle
 import pickletools
 import shlex
 import shutil
-import socket
 import struct
 import warnings
 import zipfile
@@ -32,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from _dist import free_port
 
 from simulator import ckptio
 from simulator.controller import AdaptiveCheckpointer, UnsafeCheckpoint
@@ -364,17 +364,11 @@ def _storage_meta_cls():
 
 
 # -- fixtures --------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def one_rank():
     """A one-process gloo group in this process: enough for DCP's file handling."""
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     yield
     dist.destroy_process_group()

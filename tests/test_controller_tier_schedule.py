@@ -58,6 +58,12 @@ def test_the_default_split_is_llama3s_share_of_failures_whose_host_survived():
     # Table 5 of the Llama 3 paper: software (56) and hangs (7) of 419 interruptions leave
     # their hosts up; the preset's rates give the same share.
     assert default_process_share() == pytest.approx((56 + 7) / 419, rel=0.02)
+    # One split for every caller: the classes' rates add up to the job's, in that share.
+    from simulator.controller.tier_schedule import mtbf_by_class
+
+    split = mtbf_by_class(3600.0)
+    assert 1 / split["process"] + 1 / split["node"] == pytest.approx(1 / 3600.0, rel=1e-12)
+    assert 3600.0 / split["process"] == pytest.approx(default_process_share(), rel=1e-12)
 
 
 def test_priors_come_from_a_scenarios_tier_and_class_tables():
@@ -104,10 +110,12 @@ def test_each_tier_counts_from_its_own_last_save_and_a_restart_from_its_newest_c
     assert s.next_due(20, age_s=2.0, tier="local") == 40
     assert s.due == {"local": 40, "persistent": 316}
     # Restored at step 50 from a local copy; the newest persistent copy is at step 0.
-    s.restart(50, 0, age_s=0.0)
+    s.restart(50, 0)
     assert s.due == {"local": 70, "persistent": 316}
-    s.restart(400, 0, age_s=0.0)  # the persistent tier is overdue: saved at the first step
-    assert s.due["persistent"] == 401
+    plans = []
+    s.plan_s = lambda plan=s.plan_s: plans.append(1) or plan()  # the plan is asked once
+    s.restart(400, 0)  # the persistent tier is overdue: saved at the first step
+    assert s.due["persistent"] == 401 and len(plans) == 1
 
 
 def test_failures_of_a_class_shorten_only_the_interval_of_the_tier_it_needs():

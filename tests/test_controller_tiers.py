@@ -8,6 +8,7 @@ read-only mount, a full tmpfs), and each case checks what was restored and what 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -235,6 +236,84 @@ def test_a_stale_local_directory_of_another_run_is_never_taken(tmp_path, local_r
     ck.close()
 
 
+def test_a_later_sessions_branch_wins_over_a_newer_local_snapshot_of_a_dead_branch(
+    tmp_path, local_root
+):
+    """A fork: session A leaves local 145 on host A (persistent 125). Its host is away, so
+    session B restores the persistent 125 on host B, trains other data to 140 and stops
+    (persistent 140). Back on host A, session C must go on from B's 140: A's 145 is newer but
+    of a dead branch, and taking it would silently drop B's work."""
+    host_a, host_b = local_root / "a", local_root / "b"
+    _crash_after(tmp_path, host_a, 150)  # local 145 on host A; persistent 125
+    clock = Clock()
+    model, opt = make_run(seed=1)
+    ck = tiered(tmp_path, host_b, model, opt, clock=clock)
+    assert ck.restore() == 125 and ck.stats["restored_tier"] == "persistent"
+    for step in range(126, 141):
+        train(model, opt, step + 1000)  # B's branch: other data than A had
+        clock.t += 0.1
+        ck.step(step)
+    ck.close()  # the final save: persistent 140
+    b_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    assert steps_in(tmp_path)[-1] == 140
+
+    ck, step, model, said = _relaunch(tmp_path, host_a)
+    assert step == 140 and ck.stats["restored_tier"] == "persistent"
+    assert same_weights(model, b_weights)
+    assert any("superseded" in m and "generation 1 " in m and "step-00000145" in m for m in said)
+    assert any("held only snapshots of an earlier branch" in m for m in said)
+    ck.close()
+
+
+def test_a_session_that_never_restores_starts_a_branch_and_drops_the_old_snapshots(
+    tmp_path, local_root
+):
+    _crash_after(tmp_path, local_root, 150)  # local 145, generation 0
+    clock = Clock()
+    model, opt = make_run()
+    ck = tiered(tmp_path, local_root, model, opt, clock=clock)  # no restore(): from step 0
+    run_steps(ck, model, opt, 0, 30, clock)
+    # Its local save at 25 is kept: the dead 145 is gone, not ranked above it by retention.
+    assert steps_in(run_dir(local_root)) == [25]
+    meta = json.loads((run_dir(local_root) / checkpoint_name(25) / ckptio.META_FILE).read_text())
+    record = json.loads((tmp_path / RUN_ID_FILE).read_text())
+    assert meta["tiered"]["generation"] == record["generation"] == 2
+    ck.close()
+
+
+def test_a_checkpoint_directory_restored_from_a_backup_takes_no_snapshot_of_an_abandoned_branch(
+    tmp_path, local_root
+):
+    """Generations are counted, so the count is reused when the checkpoint directory goes back
+    to an older copy (a backup restored by hand): session B branches on host B (generation 2);
+    the directory is restored from a backup taken before B, and session C on host C branches
+    again (generation 2 once more). When host B is back, its abandoned snapshot must not pass
+    for this run's newest state: a branch is named by a random id, not by the count."""
+    host_a, host_b, host_c = local_root / "a", local_root / "b", local_root / "c"
+    directory, backup = tmp_path / "ckpt", tmp_path / "backup"
+    _crash_after(directory, host_a, 150)  # local 145 on A; persistent 125; generation 1
+    shutil.copytree(directory, backup)
+    for host, offset, stop in ((host_b, 1000, 170), (host_c, 2000, 140)):
+        clock = Clock()
+        model, opt = make_run(seed=1)
+        ck = tiered(directory, host, model, opt, clock=clock)
+        assert ck.restore() == 125 and ck.stats["restored_tier"] == "persistent"
+        for step in range(126, stop + 1):
+            train(model, opt, step + offset)  # each branch its own data
+            clock.t += 0.1
+            ck.step(step)
+        ck.close()
+        if host == host_b:  # B's work is abandoned: the directory goes back to the backup
+            assert steps_in(host_b / ck.local.run_id)  # B left local snapshots on its host
+            shutil.rmtree(directory)
+            shutil.copytree(backup, directory)
+    c_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    ck, step, model, _ = _relaunch(directory, host_b)
+    assert step == 140 and ck.stats["restored_tier"] == "persistent"
+    assert same_weights(model, c_weights)
+    ck.close()
+
+
 def test_a_checkpoint_planted_with_another_run_id_is_rejected(tmp_path, local_root):
     _crash_after(tmp_path / "a", local_root / "a", 150)
     _crash_after(tmp_path / "b", local_root / "b", 70)
@@ -383,6 +462,52 @@ def test_a_local_tier_on_a_full_or_read_only_disk_warns_and_the_persistent_tier_
     else:
         assert "local tier disabled for this session: cannot create" in run.stdout
         assert "DISABLED cannot create" in run.stdout
+
+
+_BRANCH_READ_ONLY = r"""
+import sys, warnings
+from test_controller_tiers import Clock, make_run, tiered, train
+warnings.simplefilter("ignore")
+clock = Clock()
+model, opt = make_run(seed=1)
+ck = tiered(sys.argv[1], sys.argv[2], model, opt, clock=clock)
+print("READ_ONLY", ck.read_only, "RESTORED", ck.restore(), ck.stats["restored_tier"])
+for step in range(126, 181):  # local saves at 145 and 165; the persistent one at 185
+    train(model, opt, step + 1000)  # other data: a branch of its own
+    clock.t += 0.1
+    ck.step(step)
+print("LOCAL_SAVES", ck.local_saves, "DISABLED", ck.stats["local_disabled"])
+ck._closed = True  # its final save would fail: the directory is read-only
+"""
+
+
+def test_a_read_only_session_from_the_persistent_tier_leaves_no_local_snapshot_to_restore(
+    tmp_path, local_root
+):
+    """Audit: a session whose checkpoint directory is read-only (a read-only mount) cannot
+    record a new generation, yet went on saving local snapshots under the old one after it
+    restored the persistent tier. The next writable session then took them as this run's newest
+    state: another branch (here: other data) restored silently."""
+    if not _can_unshare(_UNSHARE_RO):
+        pytest.skip("needs unshare to make a read-only bind mount")
+    persistent = tmp_path / "ckpt"
+    _crash_after(persistent, local_root, 150)  # local 145, persistent 125
+    shutil.rmtree(run_dir(local_root))  # that host is lost: the next session has no local copy
+    script = tmp_path / "branch.py"
+    script.write_text(_BRANCH_READ_ONLY)
+    run = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _UNSHARE_RO, "sh", str(persistent), sys.executable,
+         str(script), str(persistent), str(local_root)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "READ_ONLY True RESTORED 125 persistent" in run.stdout
+    assert "LOCAL_SAVES 0 DISABLED the run's new branch cannot be recorded" in run.stdout
+    ck, step, model, _ = _relaunch(persistent, local_root)
+    assert step == 125 and ck.stats["restored_tier"] == "persistent"
+    assert same_weights(model, weights_at(125))
+    ck.close()
 
 
 # -- real crashes ---------------------------------------------------------------------------------

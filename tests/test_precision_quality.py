@@ -1,9 +1,10 @@
 """experiments.precision_quality: the study's machinery on a few steps, and its verdicts.
 
-The quick run trains a tiny closed-loop GPT for a few steps, saves it in fp32, bf16 and int8
-through the real AdaptiveCheckpointer, resumes each in a fresh run and writes the report and
-figure into a temporary directory; the checks read what it wrote. The verdicts are checked on
-hand-built curves whose answer is known (met, not met, not shown).
+The quick run trains a tiny closed-loop GPT for a few steps, saves it exact, with bf16 and int8
+moments, bf16 weights, and bf16 weights with int8 moments through the real
+AdaptiveCheckpointer, resumes each in a fresh run and writes the report and figure into a
+temporary directory; the checks read what it wrote. The verdicts are checked on hand-built
+curves whose answer is known (met, not met, not shown).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def test_the_quick_run_writes_its_report_and_figure_where_it_is_told(quick):
     assert saved, "no figure was drawn"
 
 
-def test_the_exact_resume_is_bit_exact_and_the_reduced_ones_differ_only_in_the_moments(quick):
+def test_the_exact_resume_is_bit_exact_and_the_reduced_ones_differ_where_reduced(quick):
     cfg, runs, _, _ = quick
     for r in runs:
         assert r["fp32"]["weights_exact"] and r["fp32"]["moments_exact"]
@@ -54,11 +55,17 @@ def test_the_exact_resume_is_bit_exact_and_the_reduced_ones_differ_only_in_the_m
             assert r[p]["weights_exact"] and not r[p]["moments_exact"]
             assert 0 < r[p]["err_exp_avg"] < 0.05 and 0 < r[p]["err_exp_avg_sq"] < 0.05
             assert any("not bit-exact" in w for w in r[p]["warnings"])
+        for p in pq.WEIGHTS:
+            assert not r[p]["weights_exact"] and r[p]["weights_as_saved"]
+            assert 0 < r[p]["err_weights"] < 0.01
+            assert any("model weights restored from bf16" in w for w in r[p]["warnings"])
+        assert r["wbf16"]["moments_exact"] and not r["wbf16_int8"]["moments_exact"]
         for kind in pq.RESUMES:
             assert len(r[kind]["losses"]) == cfg.resume_steps
             assert all(np.isfinite(r[kind]["losses"]))
         # The first step after a resume runs on the restored weights before any update.
         assert r["int8"]["losses"][0] == r["fp32"]["losses"][0]
+        assert r["wbf16"]["losses"][0] != r["fp32"]["losses"][0]
 
 
 def test_int8_and_bf16_shrink_the_optimizer_state_as_the_controller_promises(quick):
@@ -68,22 +75,29 @@ def test_int8_and_bf16_shrink_the_optimizer_state_as_the_controller_promises(qui
     assert 1.8 < s["bf16"]["ci"]["optim_ratio"][0] < 2.0
     assert s["verdicts"]["optim_ratio"] == "met"
     assert s["fp32"]["bytes"] > s["bf16"]["bytes"] > s["int8"]["bytes"]
+    assert 1.8 < s["fp32"]["model_bytes"] / s["wbf16"]["model_bytes"] <= 2.0
+    assert s["wbf16"]["optim_bytes"] == s["fp32"]["optim_bytes"]
+    assert (
+        s["wbf16_int8"]["bytes"] < s["int8"]["bytes"]
+        and s["wbf16_int8"]["bytes"] < s["wbf16"]["bytes"]
+    )
 
 
 def test_the_reports_numbers_are_the_figures(quick):
     _, _, out, saved = quick
     report = (out / "precision-quality.md").read_text()
     fig = saved[-1]
-    top, mid, bottom = fig.axes
+    assert len(fig.axes) == 4
+    top = fig.axes[0]
     assert len(top.get_lines()) == len(pq.RESUMES)
-    labels = [t.get_text() for ax in (top, mid, bottom) for t in ax.get_legend().get_texts()]
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
     for kind in pq.COMPARED:
         legend = next(x for x in labels if x.startswith(pq.LABELS[kind]))
         number = legend.split("mean loss ")[1]
         assert number in report, (legend, kind)
     # The goal line's measured ratio is the size table's.
     ratio = re.search(r"Measured (\d+\.\d\d)x", report)
-    size_row = next(x for x in report.splitlines() if x.startswith("| int8 | "))
+    size_row = next(x for x in report.splitlines() if x.startswith("| int8 moments | "))
     assert ratio and f"| {ratio[1]} |" in size_row
 
 
@@ -93,12 +107,16 @@ def _fake_runs(int8_offsets: list[float], steps: int = 10) -> list[dict]:
     for i, off in enumerate(int8_offsets):
         exact = list(np.linspace(2.0, 1.5, steps) + 0.01 * i)
         r = {"seed": i}
-        for kind, factor in (("fp32", 1), ("bf16", 1), ("int8", 1 + off), (pq.DROPPED, 1.05)):
+        factors = {"int8": 1 + off, pq.DROPPED: 1.05}
+        for kind in pq.RESUMES:
+            factor = factors.get(kind, 1)
             r[kind] = {"losses": [x * factor for x in exact], "heldout": 1.6 * factor}
-        for p, optim in (("fp32", 400), ("bf16", 200), ("int8", 100)):
+        optims = {"fp32": 400, "bf16": 200, "int8": 100, "wbf16": 400, "wbf16_int8": 100}
+        for p, optim in optims.items():
             r[p] |= dict(optim_bytes=optim, bytes=optim + 100, save_s=0.1, restore_s=0.1)
             r[p] |= dict(encode_s=0.0, decode_s=0.0, err_exp_avg=0.0, err_exp_avg_sq=0.0)
             r[p] |= dict(weights_exact=True, moments_exact=p == "fp32", warnings=[])
+            r[p] |= dict(model_bytes=100, err_weights=0.0, weights_as_saved=True)
         runs.append(r)
     return runs
 
@@ -141,3 +159,18 @@ def test_a_workdir_with_files_in_it_is_refused(tmp_path, capsys):
     (tmp_path / "old").write_text("x")
     assert pq.main(["--quick", "--workdir", str(tmp_path), "--out-dir", str(tmp_path)]) == 2
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_the_stall_script_times_every_mode_against_the_exact_save(capsys):
+    from experiments import precision_stall
+
+    assert precision_stall.main(["--mb", "2", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if "stall median" in line]
+    modes = [precision_stall.label(m) for m in precision_stall.modes(True)]
+    assert len(rows) == 2 * len(modes)  # async and sync
+    for kind in ("async", "sync"):
+        for mode in modes:
+            assert any(r.startswith(kind) and f" {mode} " in r for r in rows), (kind, mode)
+    exact = next(r for r in rows if r.startswith("async exact"))
+    assert "/ exact async 1.00" in exact

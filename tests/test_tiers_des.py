@@ -244,3 +244,49 @@ def test_a_just_in_time_save_written_into_a_tier_is_rolled_back_to_by_its_failur
         spec["tiers"][2] = {"name": "x", "checkpoint_s": 1.0, "survives": ["preempt"],
                             "into": "memory"}  # fmt: skip
         Scenario(**spec)
+
+
+def _preempted(into: str | None) -> Scenario:
+    # Preemptions every 2 h, each saved just in time on its notice; node losses every 50 h,
+    # which only the costly persistent tier survives.
+    notice = {"name": "notice", "jit": True, "checkpoint_s": 10.0, "restore_s": 20.0,
+              "survives": ["preempt"]}  # fmt: skip
+    if into is not None:
+        notice["into"] = into
+    return Scenario(
+        gpus=64,
+        work_h=400.0,
+        restart_s=30.0,
+        failure_classes=[
+            {"name": "preempt", "mtbf_h": 2.0, "nodes_lost": 0},
+            {"name": "node", "mtbf_h": 50.0},
+        ],
+        tiers=[
+            {"name": "persistent", "checkpoint_s": 300.0, "restore_s": 60.0,
+             "survives": ["preempt", "node"]},
+            notice,
+        ],
+    )  # fmt: skip
+
+
+def test_the_closed_form_counts_a_just_in_time_save_into_a_tier_as_a_copy_there_as_the_des():
+    from simulator.tier_recommend import what_it_assumes
+
+    # Each preemption's save lands in the persistent tier (into) and restarts its interval, so
+    # a node loss rolls back less far and fewer scheduled saves are needed. The closed form
+    # used to ignore `into` (the same plan and waste with it as without); it now counts those
+    # saves as copies (tiers.refreshed_by) and agrees with the DES, which made them all along.
+    plain, into = _preempted(None), _preempted("persistent")
+    said = what_it_assumes(into, into.tiers[1])
+    assert "save it into persistent, where it counts as a copy, in 10 s" in said
+    assert first_order_plan(into)["tier_intervals_s"]["persistent"] > (
+        1.2 * first_order_plan(plain)["tier_intervals_s"]["persistent"]
+    )
+    for s, other in ((plain, into), (into, plain)):
+        plan = first_order_plan(s)
+        waste = run(s, TierSchedule(plan["tier_intervals_s"]), replicas=40, seed=5).records
+        waste = waste["waste_fraction"]
+        half = 3 * waste.std(ddof=1) / math.sqrt(waste.size)
+        assert waste.mean() == pytest.approx(plan["waste_fraction"], abs=half)
+        # The two closed forms are far apart: the DES tells which one holds.
+        assert abs(waste.mean() - first_order_plan(other)["waste_fraction"]) > 3 * half

@@ -6,7 +6,9 @@ position — and writes that same state in each format people use (``torch.save`
 safetensors, DCP, DCP async, and this project's own :mod:`simulator.ckptio`), with fsync,
 interleaved with a raw sequential write of the same number of bytes, so every format is
 measured against the disk it ran on, in the same run; ``writers`` adds N processes saving one
-sharded state at once against N raw writers (:mod:`simulator.bench.writers`). The samples feed
+sharded state at once against N raw writers (:mod:`simulator.bench.writers`); a reduced
+``optimizer_precision``/``weights_precision`` adds the controller's smaller saves beside the
+exact ones (:func:`simulator.bench.formats.save_reduced`). The samples feed
 :mod:`simulator.model.checkpoint_cost`. This package imports torch; the simulation core does not.
 """
 

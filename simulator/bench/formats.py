@@ -5,6 +5,13 @@ Every save ends durable: the library's own fsync where it has one (DCP ``sync_fi
 the directory. Before a restore, the written files' pages are dropped from the page cache
 (``posix_fadvise(DONTNEED)`` after the fsync made them clean), so loads read the disk.
 The raw baseline writes and reads the same number of bytes with plain ``os.write``/``os.read``.
+
+A reduced-precision save (``ckptsim bench --optimizer-precision``, ``--weights-precision``)
+is :func:`save_reduced`: the controller's own encoding
+(:func:`simulator.controller.precision.reduce_state`) applied to the state, then the format's
+save; its restore, :func:`load_reduced`, is the format's load then the decoding
+(:func:`~simulator.controller.precision.expand_state`) back to the original dtypes, both timed
+since a save and a restore pay them. Only the formats in :data:`REDUCIBLE` take it.
 """
 
 from __future__ import annotations
@@ -265,6 +272,59 @@ LOADERS: dict[str, Callable[[Path, Any], Any]] = {
     "ckptsim": _load_ckptsim,
     "ckptsim-async": _load_ckptsim,
 }
+REDUCIBLE = ("torch", "safetensors", "ckptsim", "ckptsim-async")
+"""Formats a reduced-precision state is measured in: each writes the encoded state (a nested
+dict of tensors and plain values) as it writes any state. Plain DCP restores in place into the
+tensors of a template with the state's own dtypes and shapes, which has no place for int8
+codes and scales (the controller's DistributedBackend reads them with a planner of its own)."""
+
+
+def save_reduced(
+    job: str, state: Any, directory: Path, *, optimizer: str, weights: str
+) -> dict[str, float]:
+    """Save ``state`` encoded to ``optimizer``/``weights`` precision in format ``job``.
+
+    ``save_s`` includes the encoding (``encode_s``): a synchronous save pays it on the
+    training thread. ``ckptsim-async`` encodes its staged copy after the stall, as the
+    controller's background writer does, so its ``stall_s`` is the exact save's copy.
+    """
+    from simulator.controller.precision import reduce_state
+
+    if job not in REDUCIBLE:
+        raise ValueError(f"{job} does not take a reduced-precision state")
+    if job == "ckptsim-async":
+        start = time.perf_counter()
+        tensors, tree = flatten(state)
+        staged = ckptio.stage(tensors)
+        cold = time.perf_counter() - start
+        encode = time.perf_counter()
+        reduced = reduce_state(unflatten(staged, tree), optimizer, weights=weights)
+        tensors_r, tree_r = flatten(reduced)
+        encode_s = time.perf_counter() - encode
+        with ckptio.AsyncWriter() as writer:
+            writer.submit(directory, tensors_r, {"tree": tree_r})
+            writer.wait()
+        total = time.perf_counter() - start
+        del reduced, tensors_r
+        again = time.perf_counter()
+        ckptio.stage(flatten(state)[0], out=staged)
+        warm = time.perf_counter() - again
+        return {"save_s": total, "stall_s": warm, "stall_cold_s": cold, "encode_s": encode_s}
+    start = time.perf_counter()
+    reduced = reduce_state(state, optimizer, weights=weights)
+    encode_s = time.perf_counter() - start
+    out = SAVERS[job](reduced, directory)
+    return out | {"save_s": out["save_s"] + encode_s, "encode_s": encode_s}
+
+
+def load_reduced(job: str, directory: Path) -> Any:
+    """Restore what :func:`save_reduced` wrote, decoded back into the original dtypes."""
+    from simulator.controller.precision import expand_state
+
+    state, _lost = expand_state(LOADERS[job](directory, None), where=str(directory))
+    return state
+
+
 IN_PLACE = frozenset({"dcp", "dcp-async"})
 """Formats that restore into the existing tensors; the others build a new state, so the
 runner drops its own reference first to keep one copy of the state in memory."""

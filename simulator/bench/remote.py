@@ -50,6 +50,10 @@ def check_remote(cfg) -> None:
         raise InputError(
             f"--writers measures parallel writers on a file system, not at {cfg.directory}"
         )
+    if cfg.reduced:
+        raise InputError(
+            f"{cfg.precision_label} is measured on a file system, not at {cfg.directory}"
+        )
 
 
 def open_remote(url: str):

@@ -4,8 +4,11 @@ Within one size, each repeat runs the raw baseline and every format once, in an 
 rotated by the repeat number, so slow drift of the disk (or of neighbours on a shared machine)
 spreads over all formats instead of landing on one; each format's bandwidth is reported as a
 ratio to the raw sequential write of the same bytes measured in the same run (restores to the
-raw read of the same repeat). With ``writers`` the largest size is then saved sharded over
-that many processes at once (:mod:`simulator.bench.writers`). Only one
+raw read of the same repeat). With a reduced ``optimizer_precision`` or ``weights_precision``
+each format that takes it (:data:`~simulator.bench.formats.REDUCIBLE`) is measured twice per
+repeat, exact and reduced, side by side in the same rotation, and each reduced row carries its
+ratios to the exact one (bytes, save and restore time). With ``writers`` the largest size is
+then saved sharded over that many processes at once (:mod:`simulator.bench.writers`). Only one
 checkpoint exists on disk at a time, and everything written is removed on exit, Ctrl-C
 included.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import platform
 import shutil
@@ -62,9 +66,21 @@ class BenchConfig:
     writer_repeats: int | None = None
     """Repeats of the parallel-writer pass (None: ``repeats``); a contention curve needs
     fewer than a goal ratio's interval does."""
+    optimizer_precision: str = "fp32"
+    """AdamW's moments as the controller's ``optimizer_precision`` stores them: fp32 (exact),
+    bf16 or int8 (blockwise, :mod:`simulator.controller.precision`)."""
+    weights_precision: str = "fp32"
+    """The model's weights as the controller's ``weights_precision`` stores them: fp32 (exact)
+    or bf16."""
     seed: int = 0
 
     def __post_init__(self):
+        from simulator.controller.precision import WEIGHT_PRECISIONS, check_precision
+
+        check_precision(self.optimizer_precision, name="--optimizer-precision")
+        check_precision(
+            self.weights_precision, name="--weights-precision", allowed=WEIGHT_PRECISIONS
+        )
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
             raise InputError(
@@ -86,13 +102,47 @@ class BenchConfig:
             raise InputError(
                 f"writers must be whole numbers >= 1, got {','.join(map(str, self.writers))}"
             )
+        if self.reduced:
+            plain = [f for f in self.formats if f not in fmt_io.REDUCIBLE]
+            if plain:
+                raise InputError(
+                    f"--formats {','.join(plain)} cannot be measured with "
+                    f"{self.precision_label}: reduced saves are measured in "
+                    f"{','.join(f for f in FORMATS if f in fmt_io.REDUCIBLE)} (plain DCP "
+                    "restores in place into the exact state's tensors)"
+                )
+
+    @property
+    def reduced(self) -> bool:
+        """Whether a reduced precision was asked for (then exact and reduced are measured)."""
+        return (self.optimizer_precision, self.weights_precision) != ("fp32", "fp32")
+
+    @property
+    def precision_label(self) -> str:
+        return (
+            f"--optimizer-precision {self.optimizer_precision} "
+            f"--weights-precision {self.weights_precision}"
+        )
 
     @property
     def jobs(self) -> list[str]:
         jobs = ["raw", *self.formats]
         if "ckptsim" in self.formats:
             jobs.insert(jobs.index("ckptsim") + 1, "ckptsim-async")
+        if self.reduced:  # each reduced save next to its exact one in the rotation
+            jobs = [j for job in jobs for j in (job, job + REDUCED)[: 1 + (job != "raw")]]
         return jobs
+
+
+REDUCED = "+reduced"
+"""A job's suffix for the reduced-precision save of its format (rows carry the format itself
+and the precisions)."""
+
+
+def exact(row: dict[str, Any]) -> bool:
+    """Whether a sample or result row is an exact save (stored profiles before reduced
+    precision have no precision keys: exact)."""
+    return row.get("optimizer_precision", "fp32") == row.get("weights_precision", "fp32") == "fp32"
 
 
 @dataclass
@@ -124,7 +174,12 @@ class BenchResult:
         }
 
     def profile(self) -> CostProfile:
-        return CostProfile.from_samples(self.samples, self.machine)
+        """The cost profile of the exact saves. Reduced-precision samples are left out: the
+        simulator scales a fit to other sizes by bytes per parameter of the exact state
+        (:data:`~simulator.model.checkpoint_cost.BYTES_PER_PARAM` x the format's measured
+        overhead), so a reduced fit would carry this run's reduction ratio into another dtype
+        and mix two byte counts under one format name."""
+        return CostProfile.from_samples([s for s in self.samples if exact(s)], self.machine)
 
 
 def check_directory(directory: Path) -> None:
@@ -154,9 +209,12 @@ def check_resources(cfg: BenchConfig, *, disk: Path | None = None) -> None:
             f"~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
         )
     mem = mem_available_bytes()
-    if largest * 1.3 > mem:  # building the state briefly holds gradients too
+    # Building the state briefly holds gradients too; a reduced save holds its encoded copy
+    # (at most half the state: bf16 moments and weights) beside the state.
+    need = largest * (1.6 if cfg.reduced else 1.3)
+    if need > mem:
         raise InputError(
-            f"too little memory for the largest size: its state needs ~{largest * 1.3 / 1e9:.1f} "
+            f"too little memory for the largest size: its state needs ~{need / 1e9:.1f} "
             f"GB of RAM, {mem / 1e9:.1f} GB available"
         )
 
@@ -214,6 +272,17 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
     total = len(cfg.sizes) * len(cfg.dtypes) * cfg.repeats * len(jobs)
     samples: list[dict[str, Any]] = []
     notes: list[str] = []
+    if cfg.reduced:
+        notes.append(
+            f"reduced saves ({cfg.optimizer_precision} moments, {cfg.weights_precision} "
+            "weights) measured beside the exact ones; the goal ratios and the cost profile "
+            "(--out) are the exact saves'"
+        )
+    if cfg.weights_precision == "bf16" and "bf16" in cfg.dtypes:
+        notes.append(
+            "--weights-precision bf16 reduces nothing at --dtypes bf16: the model's weights are "
+            "bf16 already and the fp32 masters are saved exactly, as the controller saves them"
+        )
     work = Path(tempfile.mkdtemp(prefix="ckptsim-bench-", dir=directory))
     bar = tqdm(total=total, desc="bench", unit="save", disable=not progress, file=sys.stderr)
     try:
@@ -232,15 +301,19 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                     fmt_io.raw_write(work / f"warmup-{size}-{dtype}", tensor_bytes)
                 shutil.rmtree(work / f"warmup-{size}-{dtype}", ignore_errors=True)
                 for rep, job in interleaved(jobs, cfg.repeats):
+                    fmt, reduced = job.removesuffix(REDUCED), job.endswith(REDUCED)
                     bar.set_postfix_str(f"{size} {dtype} {job}")
-                    if job in fmt_io.COPYING and not roomy:
-                        note = f"{job} skipped at {size} {dtype}: a second copy won't fit in RAM"
+                    if fmt in fmt_io.COPYING and not roomy:
+                        note = f"{fmt} skipped at {size} {dtype}: a second copy won't fit in RAM"
                         if note not in notes:
                             notes.append(note)
                         bar.update()
                         continue
-                    row = {"format": job, "size": size, "dtype": dtype, "repeat": rep}
+                    row = {"format": fmt, "size": size, "dtype": dtype, "repeat": rep}
                     row |= {"params": params, "tensor_bytes": tensor_bytes}
+                    if fmt != "raw":
+                        row["optimizer_precision"] = cfg.optimizer_precision if reduced else "fp32"
+                        row["weights_precision"] = cfg.weights_precision if reduced else "fp32"
                     with disk_errors_are_the_users(
                         f"the {job} checkpoint ({size} {dtype})", directory
                     ):
@@ -298,9 +371,22 @@ def _measure(job: str, held: list[Any], nbytes: int, where: Path, row: dict[str,
                 row["load_s"] = fmt_io.raw_read(where)
                 row["load_minor_faults"] = _minor_faults() - faults
                 return
-            row.update(fmt_io.SAVERS[job](held[0], where))
+            fmt = job.removesuffix(REDUCED)
+            if job.endswith(REDUCED):
+                row.update(
+                    fmt_io.save_reduced(
+                        fmt,
+                        held[0],
+                        where,
+                        optimizer=row["optimizer_precision"],
+                        weights=row["weights_precision"],
+                    )
+                )
+                loader = functools.partial(fmt_io.load_reduced, fmt)
+            else:
+                row.update(fmt_io.SAVERS[fmt](held[0], where))
+                loader = fmt_io.LOADERS[fmt]
             row["bytes"] = fmt_io.disk_bytes(where)
-            loader = fmt_io.LOADERS[job]
             faults = _minor_faults()  # counted from here: drop_cache faults no page in
             if job in fmt_io.IN_PLACE:
                 fmt_io.drop_cache(where)
@@ -343,18 +429,20 @@ def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) ->
     for s in samples:
         if s.get("bench") == "writers":
             continue
-        groups.setdefault((s["format"], s["dtype"], s["params"]), []).append(s)
+        groups.setdefault((s["format"], s["dtype"], s["params"], _precision(s)), []).append(s)
     # The raw disk's bandwidth is its own row's (median bytes / median seconds), so the one
     # raw figure a reader sees is the same in the header, the table and every ratio.
     raw_bw: dict[tuple, float] = {}
     raw_read: dict[tuple, float] = {}
-    for (fmt, dtype, params), rows in groups.items():
+    for (fmt, dtype, params, _), rows in groups.items():
         if fmt == "raw":
             nbytes = statistics.median(r["bytes"] for r in rows)
             raw_bw[dtype, params] = nbytes / _median(rows, "save_s")
             raw_read[dtype, params] = nbytes / _median(rows, "load_s")
     results = []
-    for (fmt, dtype, params), rows in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0])):
+    for (fmt, dtype, params, precision), rows in sorted(
+        groups.items(), key=lambda kv: (kv[0][2], kv[0])
+    ):
         save = _median(rows, "save_s")
         nbytes = statistics.median(r["bytes"] for r in rows)
         res = {
@@ -371,11 +459,16 @@ def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) ->
             "load_ratio_to_raw": (nbytes / _median(rows, "load_s")) / raw_read[dtype, params],
             "load_minor_faults_median": _median(rows, "load_minor_faults"),
         }
+        if fmt != "raw":
+            res["optimizer_precision"], res["weights_precision"] = precision
+        if precision != ("fp32", "fp32"):
+            res["encode_s_median"] = _median(rows, "encode_s")
         if fmt in fmt_io.COPYING:
             res["stall_s_median"] = _median(rows, "stall_s")
             if fmt == "ckptsim-async":
                 res["stall_cold_s_median"] = _median(rows, "stall_cold_s")
         results.append(res)
+    _against_exact(results)
     # The headline raw figure: the raw row at the largest size (fp32 where both were run).
     head = max(raw_bw, key=lambda k: (k[1], k[0] == "fp32"))
     return BenchResult(
@@ -390,6 +483,28 @@ def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) ->
     )
 
 
+def _precision(row: dict[str, Any]) -> tuple[str, str]:
+    return row.get("optimizer_precision", "fp32"), row.get("weights_precision", "fp32")
+
+
+def _against_exact(results: list[dict[str, Any]]) -> None:
+    """Give each reduced row its exact twin's bytes and times, measured in the same run, and
+    the ratios: ``bytes_ratio_to_exact`` is how many times smaller (exact / reduced bytes),
+    ``save_ratio_to_exact`` and ``load_ratio_to_exact`` the reduced time over the exact one
+    (medians over the repeats; restores include the decoding)."""
+    twins = {(r["format"], r["dtype"], r["params"]): r for r in results if exact(r)}
+    for r in results:
+        twin = None if exact(r) else twins.get((r["format"], r["dtype"], r["params"]))
+        if twin is None:
+            continue
+        r["exact_bytes"] = twin["bytes"]
+        r["bytes_ratio_to_exact"] = twin["bytes"] / r["bytes"]
+        r["save_ratio_to_exact"] = r["save_s_median"] / twin["save_s_median"]
+        r["load_ratio_to_exact"] = r["load_s_median"] / twin["load_s_median"]
+        if "stall_s_median" in r:
+            r["stall_ratio_to_exact"] = r["stall_s_median"] / twin["stall_s_median"]
+
+
 def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict[str, Any]:
     """The goal ratios (writer and restore against the raw disk, async stalls), judged at
     every measured size (see :func:`results.goal_verdict`).
@@ -401,6 +516,10 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
     and 95 % interval. ``met`` is true only when the verdict is "met": every size's whole
     interval meets the goal.
     """
+
+    # The goals are the exact saves' (a reduced save writes fewer bytes than the raw baseline).
+    results = [r for r in results if exact(r)]
+    samples = [s for s in samples if exact(s)]
 
     def at_largest(fmt: str) -> dict | None:
         rows = [r for r in results if r["format"] == fmt]

@@ -5,7 +5,11 @@ its width (about one layer per 64 channels, as in GPT-2/3), so large sizes have 
 tensor counts and shapes. The state is taken after one real AdamW step on a tiny batch, so
 both moments hold real values; in ``bf16`` mode the model holds bf16 weights and AdamW steps
 fp32 master weights (14 bytes per parameter), in ``fp32`` mode the model is the master
-(12 bytes per parameter).
+(12 bytes per parameter). The moments (``exp_avg``, ``exp_avg_sq``: fp32, 8 of those bytes) are
+what ``ckptsim bench --optimizer-precision`` reduces; above :data:`REAL_STEP_MAX_PARAMS` they
+are filled from the weights (non-zero, ``exp_avg_sq`` positive), which keeps their bytes but
+not a real step's value distribution (a real step's tiny squared gradients can include subnormal
+floats, which make CPU arithmetic, the encoding's too, slower).
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ DTYPES: dict[str, torch.dtype] = {
 }
 """The safetensors dtype names ckptio reads and writes, as torch dtypes (the library's own
 table; a tensor of any other dtype is refused before anything is written)."""
-DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
+TORCH_DTYPES: tuple[torch.dtype, ...] = tuple(DTYPES.values())
+"""The torch dtypes a checkpoint may hold, in ``DTYPES``' order (what a refusal lists)."""
 
 DCP_METADATA = ".metadata"
 """torch.distributed.checkpoint's index of a checkpoint (rank 0 writes it last)."""

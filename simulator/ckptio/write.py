@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 from simulator.ckptio.layout import (
     _CRC_CHUNK,
     _TEMP_MARK,
-    DTYPE_NAMES,
     FORMAT,
     MANIFEST,
     META_FILE,
     TENSOR_FILE,
+    TORCH_DTYPES,
     VERSION,
     CheckpointWriteError,
     CrcTrail,
@@ -103,10 +103,10 @@ def _checked_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
             )
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
-        if t.dtype not in DTYPE_NAMES:
+        if t.dtype not in TORCH_DTYPES:
             raise TypeError(
                 f"tensor {name!r} has dtype {t.dtype}, which a safetensors file cannot hold "
-                f"(it holds {', '.join(str(d) for d in DTYPE_NAMES)})"
+                f"(it holds {', '.join(str(d) for d in TORCH_DTYPES)})"
             )
         t = t.detach()
         if t.layout != torch.strided:

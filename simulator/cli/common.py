@@ -350,15 +350,25 @@ def uses_default_preset(args: argparse.Namespace, extra: dict[str, Any] | None =
     return all(v is None for v in _overrides(args, extra).values())
 
 
-def _refuse_save_flags_over_tiers(base, overrides: dict[str, Any]) -> None:
+def _refuse_save_flags_over_tiers(
+    base, overrides: dict[str, Any], let_through: dict[str, Any] | None = None
+) -> None:
     """The save flags describe the scenario's own save; a file's [[tier]] tables each have
     their own, which the flags would silently not reach (``scenario.OWN_SAVE_FIELDS``, the
     rule the file's own fields follow). ``--checkpoint-bytes`` is not one: beside tiers it is
-    the size of one checkpoint, as in the file."""
+    the size of one checkpoint, as in the file.
+
+    ``let_through`` names fields (its keys) a caller applies to a tier itself (``optimize
+    --profile`` takes ``--storage-bytes-per-s`` as the profiled tier's cap): beside [[tier]]
+    tables each one given is taken off ``overrides`` into ``let_through`` instead of refused.
+    """
     from simulator.model.scenario import OWN_SAVE_FIELDS
 
     if not base.tiers or base.tiers[0].implicit:
-        return
+        return  # the scenario's own save: the flags reach it as ever
+    for k in let_through or {}:
+        if overrides.get(k) is not None:
+            let_through[k] = overrides.pop(k)
     # async_checkpoint is no flag: --staging-s sets it, and names it.
     given = [k for k in OWN_SAVE_FIELDS if k != "async_checkpoint" and overrides.get(k) is not None]
     if given:
@@ -400,11 +410,17 @@ def refuse_tiers(scenario, command: str) -> None:
         )
 
 
-def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None):
+def scenario_from_args(
+    args: argparse.Namespace,
+    extra: dict[str, Any] | None = None,
+    let_through: dict[str, Any] | None = None,
+):
     """The scenario named by --scenario (if any) with flags laid over it.
 
     Without --scenario the flags alone describe the job; with no flag at all, the embedded
-    default preset (``simulator.model.scenario.DEFAULT_PRESET``) is the job.
+    default preset (``simulator.model.scenario.DEFAULT_PRESET``) is the job. Beside a file's
+    [[tier]] tables, the save flags named in ``let_through`` are put there, not refused
+    (``_refuse_save_flags_over_tiers``).
     """
     from simulator.model.scenario import DEFAULT_PRESET, Scenario, load_scenario
 
@@ -419,7 +435,7 @@ def scenario_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = 
     try:
         if getattr(args, "scenario", None):
             base = load_scenario(args.scenario)
-            _refuse_save_flags_over_tiers(base, overrides)
+            _refuse_save_flags_over_tiers(base, overrides, let_through)
             _refuse_flags_over_classes(base, overrides)
             scenario = base.with_overrides(
                 **_small_job_fits_one_node(overrides, base.gpus_per_node)

@@ -342,7 +342,7 @@ def run(args) -> int:
     notes: list[str] = []
     if args.repair_unit and "repair" not in (log.columns or {}):
         notes.append("--repair-unit is unused: the log has no repair column")
-    system_gaps = log.shape == "timestamps" and log.components is None
+    system_gaps = log.system_gaps
     if scenario_out is not None:
         if system_gaps and args.gpus:
             notes.append(

@@ -229,8 +229,11 @@ def run(args: argparse.Namespace) -> int:
 
     _only_with_simulate(args)
     default = uses_default_preset(args)
-    args.profile_cap = _profiled_tiers_cap(args)
-    scenario = scenario_from_args(args)
+    # Beside --profile, --storage-bytes-per-s is the cap the profiled tier's measured cost is
+    # extrapolated through (what the profile's warnings ask for), even over [[tier]] tables.
+    held = {"storage_bytes_per_s": None} if getattr(args, "profile", None) else {}
+    scenario = scenario_from_args(args, let_through=held)
+    args.profile_cap = held.get("storage_bytes_per_s")
     require_failure_rate(scenario)
     if default:
         source = f"embedded default preset {DEFAULT_PRESET}"
@@ -304,23 +307,6 @@ def run(args: argparse.Namespace) -> int:
         if args.simulate:
             print(render_simulated(result["simulated"], result["optimal_interval_s"]))
     return 0
-
-
-def _profiled_tiers_cap(args: argparse.Namespace) -> float | None:
-    """--storage-bytes-per-s beside --profile and a file with [[tier]] tables: the storage cap
-    the profiled tier's measured cost is extrapolated through (what the profile's warnings ask
-    for), taken off the flags, which otherwise do not reach a file's tiers; None otherwise."""
-    if not (getattr(args, "profile", None) and args.storage_bytes_per_s is not None):
-        return None
-    if not args.scenario:
-        return None
-    from simulator.model.scenario import load_scenario
-
-    tiers = load_scenario(args.scenario).tiers
-    if not tiers or tiers[0].implicit:
-        return None  # the scenario's own save: the flag reaches it as ever
-    cap, args.storage_bytes_per_s = args.storage_bytes_per_s, None
-    return cap
 
 
 def _profiled_tier(args: argparse.Namespace, scenario):

@@ -339,12 +339,13 @@ def _tier_schedule(args: argparse.Namespace, scenario):
         )
     given = _tier_intervals(args.tier_interval_s)
     origins = dict.fromkeys(given, "--tier-interval-s")
+    unset = []
     for t in scheduled(scenario.tiers):
-        if t.name not in given and t.interval_s is not None:
-            origins[t.name] = "interval_s"
-    unset = [
-        t.name for t in scheduled(scenario.tiers) if t.interval_s is None and t.name not in given
-    ]
+        if t.name not in given:
+            if t.interval_s is None:
+                unset.append(t.name)
+            else:
+                origins[t.name] = "interval_s"
     if unset:  # the closed form (``ckptsim optimize``'s) for the tiers the user left open
         plan = closed_form_plan(scenario)["tier_intervals_s"]
         given.update({name: plan[name] for name in unset})

@@ -81,7 +81,12 @@ from simulator.controller.objstore import (
     open_storage,
     open_store,
 )
-from simulator.controller.precision import check_precision, expand_state, reduce_state
+from simulator.controller.precision import (
+    WEIGHT_PRECISIONS,
+    check_precision,
+    expand_state,
+    reduce_state,
+)
 from simulator.controller.runlog import RunLog, failures_by_class
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
 from simulator.controller.state import capture_state, check_state, restore_state, stage
@@ -90,6 +95,7 @@ from simulator.controller.storage import (
     apply_retention,
     checkpoint_name,
     complete_steps,
+    retention_plan,
 )
 from simulator.controller.tier_schedule import LOCAL, PERSISTENT
 from simulator.controller.tiered import TierMixin, open_local_tier, tiered_schedule
@@ -178,8 +184,12 @@ class AdaptiveCheckpointer(TierMixin):
 
     ``optimizer_precision``: ``"fp32"`` (the default) saves the optimizer exactly; ``"bf16"``
     and ``"int8"`` (blockwise, per-block float32 scales) store its large moment tensors in
-    reduced precision, ~2x and ~3.9x smaller (:mod:`simulator.controller.precision`; local
-    backend only). The checkpoint records it; restoring one warns that it is not bit-exact.
+    reduced precision, ~2x and ~3.9x smaller. ``weights_precision="bf16"`` stores the model's
+    fp32 weights as bfloat16, for a run that trains under bf16 autocast with fp32 parameters
+    (they lose their low 16 mantissa bits; weights already bf16 stay exact). Local backend
+    only (:mod:`simulator.controller.precision`). The checkpoint records what was reduced;
+    restoring one warns that it is not bit-exact. A synchronous save encodes in its stall, an
+    asynchronous one in the background writer, from the staged copy.
 
     Rank 0 holds an exclusive lock on ``directory`` until :meth:`close` (or its death); a
     second process raises :class:`CheckpointLocked` naming the holder. (An object store has no
@@ -216,12 +226,16 @@ class AdaptiveCheckpointer(TierMixin):
         on_preemption: str = "exit",
         allow_fresh_start: bool = False,
         optimizer_precision: str = "fp32",
+        weights_precision: str = "fp32",
         local_dir: str | os.PathLike | None = None,
         local_keep_last: int | None = None,
         preemption_grace_s: float | None = None,
     ):
         refuse_unwrapped_loader(dataloader)
         self.optimizer_precision = check_precision(optimizer_precision)
+        self.weights_precision = check_precision(
+            weights_precision, name="weights_precision", allowed=WEIGHT_PRECISIONS
+        )
         local = local_path_of(str(directory)) if is_url(str(directory)) else Path(directory)
         self._remote = local is None  # an object store (objstore module)
         self.root: Path | str = str(directory).rstrip("/") if local is None else local
@@ -243,11 +257,12 @@ class AdaptiveCheckpointer(TierMixin):
                 f"a torch.distributed backend writes to a shared file system path, not to "
                 f"{self.root}: give a directory (object storage is for one process)"
             )
-        if self.optimizer_precision != "fp32" and self.backend.writes_manifest():
-            raise InputError(
-                f"optimizer_precision={self.optimizer_precision!r} is for the local backend; "
-                "a distributed backend saves its optimizer shards in fp32"
-            )
+        for name in ("optimizer_precision", "weights_precision"):
+            if getattr(self, name) != "fp32" and self.backend.writes_manifest():
+                raise InputError(
+                    f"{name}={getattr(self, name)!r} is for the local backend; "
+                    "a distributed backend saves its shards exactly"
+                )
         self.clock = clock
         self.async_save = bool(async_save)
         fixed_tiers = self._tier_options(local_dir, local_keep_last, policy, preemption_grace_s)
@@ -490,6 +505,7 @@ class AdaptiveCheckpointer(TierMixin):
         step = int(step)
         self._check_tier(tier)
         self._finish_inflight()
+        self._settle_generation()  # a session that never restored starts a branch of its own
         t0 = self.clock()
         self._measure_iterations(step)
         error: BaseException | None = None
@@ -499,7 +515,6 @@ class AdaptiveCheckpointer(TierMixin):
             )
             state["controller"] = vars(self.schedule.estimates())
             self._add_tier_state(state)
-            state = reduce_state(state, self.optimizer_precision)
             # A ring's local save exchanges copies between ranks: on the training thread.
             if self.async_save and not self._sync_only and not (tier == LOCAL and self._ring):
                 staged, buffers = stage(state, reuse=self._free_staging())
@@ -620,6 +635,9 @@ class AdaptiveCheckpointer(TierMixin):
             self._write_failed = False
 
     def _write_and_commit(self, step: int, state: dict, tier: str = PERSISTENT) -> None:
+        # Here, not before staging: an async save encodes its staged CPU copy in the
+        # background, so its stall is the exact save's (the copy, not the encode).
+        state = reduce_state(state, self.optimizer_precision, weights=self.weights_precision)
         if tier == LOCAL:
             self._write_local(step, state)
             return
@@ -667,6 +685,7 @@ class AdaptiveCheckpointer(TierMixin):
             raise
         finally:
             self.storage.drop_local_copies()  # an object store's downloads
+        self._warn_of_what_retention_keeps()
         now = self.clock()
         self._mark_step, self._mark_t = step, now
         self.runlog.append(
@@ -707,7 +726,7 @@ class AdaptiveCheckpointer(TierMixin):
                 continue
             foreign = self._foreign(state)
             if foreign is not None:
-                self._reject(name, "foreign", foreign)
+                self._reject(name, *foreign)
                 continue
             check_config(
                 store.describe(name),
@@ -731,6 +750,32 @@ class AdaptiveCheckpointer(TierMixin):
             return step
         self._restored(0)
         return 0
+
+    def _warn_of_what_retention_keeps(self) -> None:
+        """Without the lock (an object store without ``exclusive=True``) retention deletes only
+        what this process writes, so each relaunch leaves its last ``keep_last`` checkpoints
+        for good: say so, once, when a relaunch finds more than a lock holder would keep."""
+        if self._lock.held or self.read_only or self.backend.rank != 0:
+            return
+        try:
+            plan = retention_plan(
+                complete_steps(self.storage),
+                keep_last=self.keep_last,
+                milestones=self.milestone_steps,
+                resumed_from=self.resumed_from,
+            )
+        except OSError:
+            return  # the restore itself has listed the store; nothing to add here
+        beyond = [step for step in plan if step not in self._written]  # ours go by retention
+        if beyond:
+            warnings.warn(
+                f"{self.root} holds {len(beyond)} complete checkpoint(s) beyond "
+                f"keep_last={self.keep_last} (oldest {checkpoint_name(beyond[0])}) that earlier "
+                "processes wrote; without a lock retention deletes only this process's saves, "
+                "so they stay and each relaunch adds more: pass exclusive=True if no other "
+                "process writes here, or delete them",
+                stacklevel=3,
+            )
 
     def _reject(self, name: str, why: str, reason: str) -> None:
         if self.backend.rank != 0:

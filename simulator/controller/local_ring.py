@@ -26,18 +26,28 @@ host. The receiver stages what arrives, checks each
 file against the sender's manifest (size and CRC-32) and commits it. One rank: no partner, no
 copy (said once in the log).
 
-Restore. Every rank checks what it holds — its own snapshots and the copies it keeps — by the
-same verification as any checkpoint (:func:`~simulator.controller.commit.choose_checkpoint`:
-manifest, every CRC; damaged ones are moved aside), then its ``ring.json`` (this run, the rank
-it should be, this world size, the step its name says) and its DCP ``.metadata`` through the
-no-pickle reader (:mod:`~simulator.controller.safe_metadata`). Whatever fails is refused,
-warned about and treated as missing. The ranks then exchange these inventories
-(``all_gather_object``) and all compute the same answer: the newest step of which every rank's
-snapshot survives somewhere (its own, or its partner's copy). A rank whose own copy is missing
-receives it from the partner (committed into its own directory again), then every rank loads
-its own snapshot. When no step survives whole (a rank and its partner both lost), or the
-copies were written by a job of another world size, the persistent tier is used, with a
-warning that says why.
+Restore. Every snapshot directory of the run that a host shows (``rank-<o>`` and
+``copy-of-rank-<o>`` in the run's local tier, and in every rank's when ``local_dir`` has
+``{rank}``) is checked by exactly one rank — the rank using it, else the lowest rank on that
+host that sees it (:meth:`Ring._scanned`) — by the same verification as any checkpoint
+(:func:`~simulator.controller.commit.choose_checkpoint`: manifest, every CRC; damaged ones
+are moved aside), then its ``ring.json`` (this run, the rank its name says, this generation
+and world size, the step its name says) and its DCP ``.metadata`` through the no-pickle reader
+(:mod:`~simulator.controller.safe_metadata`). Whatever fails is refused, warned about and
+treated as missing. The ranks then exchange these inventories (``all_gather_object``) and all
+compute the same answer: the newest step of which every rank's snapshot survives somewhere. A
+rank whose own directory lacks it takes it from a copy on its own host, else from the lowest
+rank that holds one (its partner, unless the ranks moved hosts: c10d rendezvous may put rank 0
+where rank 1 was), one move at a time in one order on every rank, and commits it in its own
+directory; then every rank loads its own snapshot. When no step survives whole (a rank and its
+partner both lost), or the copies were written by a job of another world size or an earlier
+branch of the run (:mod:`~simulator.controller.local_tier`, "Branches"), the persistent tier
+is used, with a warning that says why. Directories no rank of this job uses (left where ranks
+used to be) are removed once this session's first snapshot is complete on every rank.
+
+A rank that stops answering during an exchange (hung, or dead without its process group
+noticing) fails the wait after the process group's timeout; the failure names that rank and
+its host in the log at once, since the job's next collective then waits on it too.
 """
 
 from __future__ import annotations
@@ -45,7 +55,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import socket
+import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +72,8 @@ from simulator.controller.integrity import (
     CorruptCheckpoint,
     UnsafeCheckpoint,
 )
+from simulator.controller.local_tier import RANK_FIELD, superseded
+from simulator.controller.runlog import open_regular
 from simulator.controller.safe_metadata import load_metadata
 from simulator.controller.storage import (
     LocalStorage,
@@ -71,10 +86,14 @@ __all__ = ["RING_FILE", "Ring", "ring_stride"]
 
 logger = logging.getLogger("simulator.controller")
 
+
 RING_FILE = "ring.json"
 """In each local snapshot of a ring: whose part it is (rank, world size, step, run)."""
 _RING_FORMAT = "ckptsim-ring"
 _MAX_RING_BYTES = 4096
+_SNAPSHOT_DIR = re.compile(r"^(rank|copy-of-rank)-(\d+)$")
+_HOST = socket.gethostname()
+"""This host's name, for messages (a peer that stops answering is named with its host)."""
 CHUNK_BYTES = 16 << 20
 """Bytes per point-to-point message: a shard is streamed, never held in memory whole."""
 
@@ -135,20 +154,27 @@ def _pieces(files: dict[str, list[int]]) -> list[tuple[str, int, int]]:
 class Ring:
     """This rank's place in the ring: its own local tier, the copy it holds, the exchanges."""
 
-    def __init__(self, backend, tier, *, run_id: str | None):
+    def __init__(self, backend, tier, *, run_id: str | None, local_dir: str | None = None):
         import torch.distributed as dist
 
         self.backend = backend
         self.tier = tier  # its storage is this rank's own directory
         self.run_id = run_id
+        self.strays: list[Path] = []
+        """Snapshot directories this rank found at restore that no rank of the job uses."""
+        self.clean_pending = False
+        """Some rank found strays: removed once a snapshot of this session is complete."""
         self.rank, self.world = backend.rank, backend.world_size
         self.group = backend.group
         # Collective: every rank must pick the same stride, or the sends never meet their
         # receives. Hosts that run different numbers of ranks (torchrun --nproc-per-node 2 on
         # one, 1 on another) each read their own LOCAL_WORLD_SIZE: then the next rank it is.
-        per_host = self.gather(_ranks_per_host())
+        everyone = self.gather((_ranks_per_host(), _HOST))
+        per_host = [n for n, _ in everyone]
+        self.hosts = [h for _, h in everyone]
+        """Each rank's host name, for messages."""
         agreed = per_host[0] if len(set(per_host)) == 1 else None
-        if agreed is None:
+        if len(set(per_host)) > 1 and self.rank == 0:
             logger.warning(
                 "local tier: the hosts run different numbers of ranks (LOCAL_WORLD_SIZE %s), "
                 "so each rank's copy goes to the next rank, which may share its host",
@@ -175,6 +201,14 @@ class Ring:
                     self.held_disabled = f"cannot create {held}: {exc.strerror or exc}"
         else:
             self.held_disabled = tier.disabled
+        template = str(local_dir) if local_dir is not None else None
+        if template is not None and RANK_FIELD in template:
+            bases = [Path(template.replace(RANK_FIELD, str(o))) for o in range(self.world)]
+            self.roots = list(dict.fromkeys(b / tier.root.name for b in bases))
+        else:
+            self.roots = [tier.root]
+        """Where this run's snapshots may be on a host: the run's local tier, or every rank's
+        when ``local_dir`` has ``{rank}`` (ranks may land on each other's hosts)."""
         backend_name = str(dist.get_backend(self.group)) if self.world > 1 else "gloo"
         self.device = "cuda" if backend_name == "nccl" else "cpu"
         self.excluded: set[int] = set()
@@ -238,25 +272,41 @@ class Ring:
                     fds[name] = os.open(into / name, flags, 0o644)
             except OSError as exc:
                 problem = f"cannot stage it in {into}: {exc.strerror or exc}"
+        sending: dict[str, int | None] = {}  # name -> open fd (None: unreadable)
+        outgoing = torch.empty(min(CHUNK_BYTES, max((n for *_, n in out_p), default=0)),
+                               dtype=torch.uint8)  # fmt: skip
         try:
             for i in range(max(len(out_p), len(in_p))):
                 works, buf = [], None
                 if i < len(out_p):
                     name, off, n = out_p[i]
-                    data = torch.zeros(n, dtype=torch.uint8)
-                    try:
-                        with open(out_dir / name, "rb") as f:
-                            f.seek(off)
-                            f.readinto(data.numpy())
-                    except OSError:
-                        pass  # zeros go out; the receiver's CRC check refuses them
+                    if name not in sending:
+                        try:
+                            sending[name] = os.open(out_dir / name, os.O_RDONLY | os.O_NOFOLLOW)
+                        except OSError:
+                            sending[name] = None
+                    data = outgoing[:n]  # each send is waited for before the next fills it
+                    got = 0
+                    if sending[name] is not None:
+                        try:
+                            got = os.preadv(sending[name], [data.numpy()], off)
+                        except OSError:
+                            got = 0
+                    if got < n:
+                        data[got:] = 0  # the receiver's CRC check refuses what is missing
                     data = data.to(self.device)
                     works.append(dist.isend(data, group=self.group, group_dst=send_to))
                 if i < len(in_p):
                     buf = torch.empty(in_p[i][2], dtype=torch.uint8, device=self.device)
                     works.append(dist.irecv(buf, group=self.group, group_src=recv_from))
                 for work in works:
-                    work.wait()
+                    try:
+                        work.wait()
+                    except RuntimeError as exc:  # gloo/NCCL: a timeout, a peer gone
+                        raise CheckpointWriteError(
+                            self._stalled(send_to if i < len(out_p) else None,
+                                          recv_from if i < len(in_p) else None, exc)
+                        ) from None  # fmt: skip
                 if buf is not None and problem is None:
                     name, off, _n = in_p[i]
                     view = buf.cpu().numpy()
@@ -266,8 +316,9 @@ class Ring:
                     except OSError as exc:
                         problem = f"cannot write it in {into}: {exc.strerror or exc}"
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            for fd in [*fds.values(), *sending.values()]:
+                if fd is not None:
+                    os.close(fd)
         if recv_from is None:
             return None
         if problem is None:
@@ -281,6 +332,18 @@ class Ring:
         if problem is not None and into is not None:
             _remove(into)
         return problem
+
+    def _stalled(self, send_to: int | None, recv_from: int | None, exc: BaseException) -> str:
+        peers = sorted({p for p in (send_to, recv_from) if p is not None})
+        who = ", ".join(f"rank {p} on {self.hosts[p]}" for p in peers)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        message = (
+            f"the local tier's exchange of snapshots with {who} did not complete ({first}); "
+            "a rank that stopped answering (hung or dead) holds up the ring, and the job's next "
+            "collective will wait on it too"
+        )
+        logger.error("local tier: rank %d: %s", self.rank, message)  # said before that wait
+        return message
 
     # -- saving -----------------------------------------------------------------------------
     def save(self, step: int, state: dict) -> str | None:
@@ -331,6 +394,10 @@ class Ring:
                 )
         if own_error is not None:
             raise own_error
+        if self.clean_pending:  # every rank reaches this together (a collective)
+            if all(self.gather(copy_problem is None)):
+                self.clean_strays()
+                self.clean_pending = False
         return copy_problem
 
     def _write_own(self, tmp: Path, step: int, state: dict) -> None:
@@ -341,104 +408,186 @@ class Ring:
             "world_size": self.world,
             "step": step,
             "run_id": self.run_id,
+            "generation": self.tier.generation,
+            "branch": self.tier.branch,
         }
         (tmp / RING_FILE).write_text(json.dumps(body) + "\n", encoding="utf-8")
 
     # -- restoring --------------------------------------------------------------------------
     def agree(self) -> int | None:
-        """Collective: every rank's inventory, and the newest step every rank can load from
-        the local tiers (not excluded); the plan is kept for :meth:`fetch`. Rank 0 gets the
-        notes of every rank (what was refused, what was lost)."""
+        """Collective: every rank's inventory of the snapshots its host holds, and the newest
+        step every rank can load from the local tiers (not excluded); the plan is kept for
+        :meth:`fetch`. Every rank gets the notes of every rank (what was refused, what was
+        lost)."""
         self.from_partners = []
         refused: list[str] = []
         notes: list[str] = []
-        own, held = {}, {}
-        try:
-            own = self._intact(self.tier.storage, self.rank, refused, notes)
-            if self.held is not None:
-                held = self._intact(self.held, self.source, refused, notes)
-        except Exception as exc:  # an unreadable disk: nothing of it counts, and no rank waits
-            notes.append(f"rank {self.rank}'s local tier cannot be read ({exc})")
-        everyone = self.gather({"own": own, "held": held, "refused": refused, "notes": notes})
-        holder = {r: (r + self.stride) % self.world for r in range(self.world)}
-
-        def survives(step: int, r: int) -> bool:
-            return step in everyone[r]["own"] or (
-                self.world > 1 and step in everyone[holder[r]]["held"]
-            )
-
-        steps = set()
-        for inv in everyone:
-            steps |= set(inv["own"]) | set(inv["held"])
+        holdings = []
+        for path, owner in self._scanned():
+            try:
+                steps = self._intact(LocalStorage(path), owner, refused, notes)
+            except Exception as exc:  # an unreadable disk: nothing of it counts, no rank waits
+                notes.append(f"rank {self.rank} cannot read {path} ({exc})")
+                continue
+            if steps:
+                own = path == self.tier.dir
+                holdings.append({"owner": owner, "path": str(path), "own": own, "steps": steps})
+        everyone = self.gather({"holds": holdings, "refused": refused, "notes": notes})
         self.refused = [line for inv in everyone for line in inv["refused"]]
         self.notes = [line for inv in everyone for line in inv["notes"]]
+        found: dict[int, dict[int, list]] = {}  # step -> owner -> [(holder, path, own, files)]
+        for holder, inv in enumerate(everyone):
+            for h in inv["holds"]:
+                for step, files in h["steps"].items():
+                    found.setdefault(step, {}).setdefault(h["owner"], []).append(
+                        (holder, h["path"], h["own"], files)
+                    )
         chosen = None
-        for step in sorted(steps - self.excluded, reverse=True):
-            if all(survives(step, r) for r in range(self.world)):
+        for step in sorted(set(found) - self.excluded, reverse=True):
+            if len(found[step]) == self.world:
                 chosen = step
                 break
-        newest = max(steps, default=None)
+        newest = max(found, default=None)
         if newest is not None and newest not in self.excluded and chosen != newest:
-            lost = [r for r in range(self.world) if not survives(newest, r)]
+            lost = [r for r in range(self.world) if r not in found[newest]]
             self.notes.append(
-                f"step {newest}: the local snapshot of rank(s) {lost} survives neither on its "
-                "host nor at its partner"
+                f"step {newest}: the local snapshot of rank(s) {lost} survives on no host"
             )
         self.plan = None
         if chosen is not None:
-            self.plan = {
-                "step": chosen,
-                "needs": [r for r in range(self.world) if chosen not in everyone[r]["own"]],
-                "files": {
-                    r: everyone[holder[r]]["held"][chosen]
-                    for r in range(self.world)
-                    if chosen not in everyone[r]["own"]
-                },
-            }
+            self.plan = {"step": chosen, "moves": self._moves(found[chosen])}
         return chosen
 
+    def _moves(self, holders: dict[int, list]) -> list[tuple[int, int, str, dict]]:
+        """``(to, from, path, files)`` for each rank whose own directory lacks the step: taken
+        from a copy on its own host when there is one, else from the lowest rank holding it
+        (its partner, unless the ranks moved hosts)."""
+        moves = []
+        for r in range(self.world):
+            here = [x for x in holders[r] if x[0] == r]
+            if any(own for _h, _p, own, _f in here):
+                continue
+            h, p, _own, f = here[0] if here else min(holders[r], key=lambda x: (x[0], x[1]))
+            moves.append((r, h, p, f))
+        return moves
+
     def fetch(self) -> str | None:
-        """Collective: every rank without its own snapshot of the agreed step receives it from
-        its partner and commits it in its own directory. Returns why this rank failed (None:
-        it holds its snapshot now)."""
-        plan = self.plan
-        step, needs = plan["step"], plan["needs"]
-        self.from_partners = list(needs)
-        if not needs:
-            return None
+        """Collective: every rank without its own snapshot of the agreed step takes it from
+        where it survives (a copy on its host, or a rank that holds one, streamed) and commits
+        it in its own directory. The moves run one at a time in one order on every rank, so
+        every send meets its receive. Returns why this rank failed (None: it holds its
+        snapshot now)."""
+        step = self.plan["step"]
+        moves = self.plan["moves"]
+        self.from_partners = [to for to, *_ in moves]
         name = checkpoint_name(step)
-        target = self.source if self.world > 1 else None  # the rank this one holds a copy for
-        send_to = target if target in needs else None
-        recv_from = self.partner if self.rank in needs else None
-        into = self.tier.storage.path(f".tmp-recv-{name}") if self.tier.usable else None
-        problem = self._exchange(
-            send_to,
-            self.held.path(name) if send_to is not None else None,
-            plan["files"][send_to] if send_to is not None else {},
-            recv_from,
-            plan["files"][self.rank] if recv_from is not None else {},
-            into,
-        )
-        if recv_from is None:
-            return None
-        if into is None:
-            return f"its local tier is unusable ({self.tier.disabled})"
-        if problem is None:
-            try:
-                _commit(self.tier.storage, step, lambda tmp: _move_files(into, tmp))
-            except Exception as exc:
-                problem = str(exc)
-            finally:
-                _remove(into)
-        if problem is not None:
-            return f"rank {self.rank} could not take its snapshot from rank {recv_from}: {problem}"
-        logger.info(
-            "local tier: rank %d took its snapshot of step %d from rank %d's copy",
-            self.rank,
-            step,
-            recv_from,
-        )
-        return None
+        mine = None
+        for to, src, path, files in moves:
+            if self.rank not in (to, src):
+                continue
+            into = self.tier.storage.path(f".tmp-recv-{name}") if to == self.rank else None
+            if to == self.rank and not self.tier.usable:
+                into = None
+            if src == to:
+                problem = _copy_checked(Path(path) / name, files, into)
+            else:
+                problem = self._exchange(
+                    to if src == self.rank else None,
+                    Path(path) / name if src == self.rank else None,
+                    files if src == self.rank else {},
+                    src if to == self.rank else None,
+                    files if to == self.rank else {},
+                    into,
+                )
+            if to != self.rank:
+                continue
+            if into is None:
+                problem = f"its local tier is unusable ({self.tier.disabled})"
+            elif problem is None:
+                try:
+                    _commit(self.tier.storage, step, lambda tmp, got=into: _move_files(got, tmp))
+                except Exception as exc:
+                    problem = str(exc)
+                finally:
+                    _remove(into)
+            where = "its host" if src == to else f"rank {src}"
+            if problem is not None:
+                mine = f"rank {self.rank} could not take its snapshot from {where}: {problem}"
+            else:
+                logger.info(
+                    "local tier: rank %d took its snapshot of step %d from %s (%s)",
+                    self.rank, step, where, path,
+                )  # fmt: skip
+        return mine
+
+    def _scanned(self) -> list[tuple[Path, int]]:
+        """Collective: the snapshot directories this rank vets, with whose they are. Every
+        directory of this run a rank's host shows it (``rank-<o>``, ``copy-of-rank-<o>`` in
+        the run's local tier, and in every rank's when ``local_dir`` has ``{rank}``) is vetted
+        by exactly one rank: its own or held directory by the rank using it, any other by the
+        lowest rank on the host that sees it. Those others (left by a job whose ranks sat
+        elsewhere) are the strays, removed after this session's first complete snapshot."""
+        listing, blind = self._listing()
+        gathered = self.gather((listing, blind))
+        everyone = [entries for entries, _ in gathered]
+        scanner: dict[tuple, int] = {}
+        for r, entries in enumerate(everyone):
+            for key, _path, _owner, used in entries:
+                if used:
+                    scanner[key] = r
+                else:
+                    scanner.setdefault(key, r)
+        in_use = {key for entries in everyone for key, _p, _o, used in entries if used}
+        # A rank that could not name a directory may use one that the others see unused:
+        # then nothing is a stray this session.
+        self.clean_pending = len(scanner) > len(in_use) and not any(b for _, b in gathered)
+        mine = [(Path(p), o) for key, p, o, _u in listing if scanner[key] == self.rank]
+        self.strays = [
+            Path(p) for key, p, _o, _u in listing if scanner[key] == self.rank and key not in in_use
+        ] if self.clean_pending else []  # fmt: skip
+        return [(p, o) for p, o in mine if o < self.world]
+
+    def _listing(self) -> tuple[list[tuple[tuple, str, int, bool]], bool]:
+        """``(key, path, owner, used)`` of every snapshot directory of this run on this
+        host: ``key`` names the directory alike on every rank that sees it (its root's id
+        and its name), ``used`` says it is this rank's own or held one; and whether some
+        root could not be named (:func:`_root_id`)."""
+        if not self.tier.usable:
+            return [], False
+        used = {self.tier.dir} | ({self.held.root} if self.held is not None else set())
+        out, blind = [], False
+        for root in self.roots:
+            if root.is_symlink() or not root.is_dir():
+                continue
+            rid = _root_id(root)
+            blind = blind or rid is None
+            if rid is None:
+                # Another rank may see this directory and use what is in it, under a name this
+                # rank cannot know: only this rank's own entries are listed, under a key of
+                # this rank alone, so none is vetted twice or taken for a stray.
+                logger.warning(
+                    "local tier: rank %d cannot read or make %s (not a regular file): the "
+                    "snapshot directories there that it does not use are neither read nor "
+                    "removed; remove it to let the next restore name the directory",
+                    self.rank, root / _ROOT_ID,
+                )  # fmt: skip
+            for entry in sorted(root.iterdir()):
+                m = _SNAPSHOT_DIR.match(entry.name)
+                if m is None or entry.is_symlink() or not entry.is_dir():
+                    continue
+                if rid is None and entry not in used:
+                    continue
+                key = (rid if rid is not None else f"rank {self.rank}: {root}", entry.name)
+                out.append((key, str(entry), int(m[2]), entry in used))
+        return out, blind
+
+    def clean_strays(self) -> None:
+        """Remove the snapshot directories no rank of this job uses (:meth:`_scanned`), once
+        this job's own snapshots are complete everywhere (the caller's to know)."""
+        for path in self.strays:
+            _remove(path)
+            logger.info("local tier: removed %s, which no rank of this job uses", path)
+        self.strays = []
 
     def _intact(self, storage: LocalStorage, owner: int, refused: list, notes: list) -> dict:
         """``{step: files}`` of the checkpoints in ``storage`` that verify and are ``owner``'s
@@ -482,6 +631,9 @@ class Ring:
             return "corrupt", str(exc)
         if ring.get("run_id") != self.run_id:
             return "foreign", f"it belongs to run {ring.get('run_id')!r}, not to {self.run_id}"
+        stale = superseded(ring, self.tier.generation, self.tier.branch)
+        if stale is not None:
+            return stale
         if ring.get("world_size") != self.world:
             return "world", (
                 f"written by a job of {ring.get('world_size')!r} ranks, this one has "
@@ -501,11 +653,8 @@ class Ring:
 
 
 def _read_ring_file(path: Path) -> dict:
-    file = path / RING_FILE
     try:
-        if os.lstat(file).st_size > _MAX_RING_BYTES:
-            raise CorruptCheckpoint(f"{path.name}: {RING_FILE} is larger than it can be")
-        body = json.loads(file.read_bytes())
+        body = json.loads(LocalStorage(path).read_bytes(RING_FILE, _MAX_RING_BYTES))
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{path.name}: no {RING_FILE} (not a ring snapshot)") from None
     except (OSError, ValueError, RecursionError) as exc:
@@ -513,6 +662,81 @@ def _read_ring_file(path: Path) -> dict:
     if not isinstance(body, dict) or body.get("format") != _RING_FORMAT:
         raise CorruptCheckpoint(f"{path.name}: {RING_FILE} is not a ckptsim ring record")
     return body
+
+
+_ROOT_ID = ".ckptsim-root"
+"""In each run directory of a local tier: a random id, so that ranks that see one directory
+(on one host, or through a file system shared by mistake) name it alike, and ranks that see
+two directories of one path (one per host) do not. Where it cannot be read, a rank lists only
+the directories it uses there: what else is in it is neither vetted nor removed."""
+
+
+def _root_id(root: Path) -> str | None:
+    """The id of the run directory ``root``, made (atomically: a link, never overwritten) by
+    the first rank to ask; None where it can be neither read nor made (``.ckptsim-root`` is no
+    regular file, empty, or the directory takes no link): then ranks that see the directory
+    cannot know that they see the same one."""
+    path = root / _ROOT_ID
+    for _ in range(2):
+        try:  # a regular file only: never through a symlink, never waiting on a FIFO
+            fd = open_regular(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        except OSError:
+            return None
+        if fd is not None:
+            try:
+                value = os.read(fd, 64).decode("ascii", "replace").strip()
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+            if value:
+                return value
+        tmp = root / f"{_ROOT_ID}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.write_text(uuid.uuid4().hex + "\n", encoding="ascii")
+            os.link(tmp, path)  # fails if another rank made it first: read that one
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)
+    return None
+
+
+def _copy_checked(src: Path, files: dict, into: Path | None) -> str | None:
+    """Copy the snapshot ``files`` of ``src`` into the fresh directory ``into``, each checked
+    against its manifest's size and CRC-32 as it is read; returns why it failed (None: it did).
+    """
+    if into is None:
+        return "no directory to stage it in"
+    try:
+        if into.exists() or into.is_symlink():
+            _remove(into)
+        into.mkdir(parents=True)
+        for name, (size, crc) in sorted(files.items()):
+            if "/" in name or unsafe_name(name) is not None:
+                raise OSError(f"{name!r} is no file name of a checkpoint")
+            got, n = 0, 0
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            src_fd = os.open(src / name, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                with os.fdopen(os.open(into / name, flags, 0o644), "wb") as out:
+                    while chunk := os.read(src_fd, min(CHUNK_BYTES, size + 1 - n)):
+                        got, n = crc32(chunk, got), n + len(chunk)
+                        if n > size:
+                            break
+                        out.write(chunk)
+            finally:
+                os.close(src_fd)
+            if (n, got) != (size, crc):
+                raise OSError(f"{name} does not match its manifest (size or CRC-32)")
+    except OSError as exc:
+        _remove(into)
+        return f"cannot copy it from {src}: {exc.strerror or exc}"
+    return None
 
 
 def _move_files(src: Path, dst: Path) -> None:

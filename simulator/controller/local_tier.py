@@ -26,6 +26,18 @@ persistent tier with a warning; when neither tier holds an intact checkpoint but
 checkpoints, the restore refuses (:class:`~simulator.controller.integrity.NoIntactCheckpoint`)
 as it does with one tier.
 
+Branches. A session that goes on from anything but the local tier's newest snapshot — from
+the persistent tier (the host was lost, or its snapshot was damaged) or from step 0 — starts a
+new branch of the run, and any local snapshot of an earlier branch is dead: restoring one
+later (its host comes back, or a job of another size could not read it) would drop the work of
+every session since, even when its step is the newer one. So the run's record
+(:data:`RUN_ID_FILE`) also holds the current branch — a random id, and a *generation* that
+counts branches for messages — renewed (by rank 0, holding the directory's lock, before this
+session saves anything) whenever a session starts a new branch; every local snapshot records
+the branch it was written in, and one of another branch is refused at restore as superseded
+(moved aside like any refused one) whatever its step. The id is random, not the count, so a
+checkpoint directory restored from a backup never gives a new branch an abandoned one's name.
+
 Under torch.distributed each rank's checkpoints are in ``<local_dir>/<run id>/rank-<r>/`` and
 a copy of another rank's beside them (:mod:`simulator.controller.local_ring`); ``{rank}`` in
 ``local_dir`` is replaced by the rank.
@@ -44,6 +56,7 @@ import re
 import uuid
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 from simulator import ckptio
 from simulator.controller.objstore import is_url
@@ -51,11 +64,36 @@ from simulator.controller.runlog import open_regular
 from simulator.controller.storage import LocalStorage
 from simulator.errors import InputError
 
-__all__ = ["RANK_FIELD", "RUN_ID_FILE", "LocalTier", "check_local_dir", "run_id"]
+__all__ = [
+    "RANK_FIELD",
+    "RUN_ID_FILE",
+    "LocalTier",
+    "RunRecord",
+    "check_local_dir",
+    "next_generation",
+    "run_id",
+    "superseded",
+]
 
 RUN_ID_FILE = ".ckptsim-run"
-"""In the persistent directory: the run's id, made by its first session."""
+"""In the persistent directory: the run's id, made by its first session, and its generation."""
+
+
+class RunRecord(NamedTuple):
+    """What :data:`RUN_ID_FILE` holds: the run's id and the generation of its local tiers."""
+
+    run_id: str
+    generation: int
+    """How many times a session went on from anything but the local tier's newest snapshot
+    (the persistent tier, or step 0): said in messages."""
+    branch: str = ""
+    """The current branch's random id: a local snapshot counts only if written in it (module
+    docstring, "Branches"). Random, not the count, so that a directory restored from a backup
+    never gives a new branch the name of one it abandoned ("" in records written before)."""
+
+
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+_BRANCH = re.compile(r"^[0-9a-f]{0,32}$")
 _MAX_BYTES = 4096
 
 
@@ -83,8 +121,8 @@ def check_local_dir(local_dir, directory, *, remote: bool, rank: int = 0) -> Pat
     return local
 
 
-def run_id(storage, root, *, remote: bool, create: bool) -> tuple[str | None, str | None]:
-    """(the run's id, None) from the persistent directory, made there on first use when
+def run_id(storage, root, *, remote: bool, create: bool) -> tuple[RunRecord | None, str | None]:
+    """(the run's record, None) from the persistent directory, made there on first use when
     ``create``; (None, why) when it cannot be read or made."""
     try:
         data = _read(storage, root, remote=remote)
@@ -92,24 +130,64 @@ def run_id(storage, root, *, remote: bool, create: bool) -> tuple[str | None, st
         return None, f"cannot read {RUN_ID_FILE}: {exc.strerror or exc}"
     if data is not None:
         try:
-            value = json.loads(data).get("run_id")
+            body = json.loads(data)
+            value, generation = body.get("run_id"), body.get("generation", 0)
+            branch = body.get("branch", "")
         except (ValueError, AttributeError, RecursionError):
-            value = None
+            value, generation, branch = None, None, None
         if not isinstance(value, str) or not _RUN_ID.match(value):
             return None, f"{RUN_ID_FILE} holds no valid run id (remove it to start a new one)"
-        return value, None
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            return None, (
+                f"{RUN_ID_FILE} holds no valid generation ({generation!r}); remove it to start "
+                "a new one"
+            )
+        if not isinstance(branch, str) or not _BRANCH.match(branch):
+            return None, f"{RUN_ID_FILE} holds no valid branch id; remove it to start a new one"
+        return RunRecord(value, generation, branch), None
     if not create:
         return None, f"no {RUN_ID_FILE} (the directory cannot be written)"
-    value = uuid.uuid4().hex
-    body = (json.dumps({"run_id": value}) + "\n").encode()
+    record = RunRecord(uuid.uuid4().hex, 0, uuid.uuid4().hex)
+    why = _write_record(storage, root, record, remote=remote)
+    return (None, why) if why else (record, None)
+
+
+def next_generation(
+    storage, root, record: RunRecord, *, remote: bool
+) -> tuple[RunRecord | None, str | None]:
+    """Record in the persistent directory that the run goes on from a branch of its own:
+    (the new record, None), or (None, why it could not be recorded)."""
+    new = RunRecord(record.run_id, record.generation + 1, uuid.uuid4().hex)
+    why = _write_record(storage, root, new, remote=remote)
+    return (None, why) if why else (new, None)
+
+
+def superseded(saved: dict, generation: int, branch: str) -> tuple[str, str] | None:
+    """Why a local snapshot whose record (``saved``: its ``generation`` and ``branch``) is not
+    of the run's current ``branch`` (``("superseded", reason)``), or None. A snapshot from
+    before generations were recorded counts as generation 0 of branch ""."""
+    if saved.get("branch", "") == branch:
+        return None
+    was = saved.get("generation", 0)
+    return "superseded", (
+        f"written in generation {was!r} of this run, which a later session left for another "
+        f"checkpoint (generation {generation} now): restoring it would drop that session's work"
+    )
+
+
+def _write_record(storage, root, record: RunRecord, *, remote: bool) -> str | None:
+    body = json.dumps(
+        {"run_id": record.run_id, "generation": record.generation, "branch": record.branch}
+    )
+    body = (body + "\n").encode()
     try:
         if remote:
             storage.write_bytes(RUN_ID_FILE, body)
         else:
             _write_atomically(Path(root) / RUN_ID_FILE, body)
     except OSError as exc:
-        return None, f"cannot write {RUN_ID_FILE}: {exc.strerror or exc}"
-    return value, None
+        return f"cannot write {RUN_ID_FILE}: {exc.strerror or exc}"
+    return None
 
 
 def _read(storage, root, *, remote: bool) -> bytes | None:
@@ -160,9 +238,15 @@ class LocalTier:
         keep_last: int,
         why: str | None,
         sub: str | None = None,
+        generation: int = 0,
+        branch: str = "",
     ):
         self.base = Path(local_dir)
         self.run_id = run
+        self.generation = generation
+        self.branch = branch
+        """The run's generation and branch (:class:`RunRecord`): what this session's
+        snapshots record."""
         self.keep_last = keep_last
         self.root = self.base / (run or "no-run-id")
         self.dir = self.root / sub if sub else self.root

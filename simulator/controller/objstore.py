@@ -26,7 +26,10 @@ restore's choice run the very code they run on a disk:
   ckptsim takes no lock on an object store and applies the project's rule for directories that
   cannot be locked: retention counts and deletes only the checkpoints this process wrote, and
   the restore tidies nothing (a corrupt checkpoint is skipped with a warning, left in place;
-  an unfinished upload is left too, and replaced when this run saves that step again). Unless
+  an unfinished upload is left too, and replaced when this run saves that step again). Nothing
+  is lost that way, but keep_last no longer bounds the store: each relaunch leaves its last
+  ``keep_last`` checkpoints behind for good, and a restore that finds more than a lock holder
+  would keep says so in a warning. Unless
   ``exclusive=True``: the user's promise that no other process writes under the URL, which
   lets the checkpointer act as the lock holder does (retention over every checkpoint, so the
   keep-last bound holds across relaunches; rejected checkpoints moved aside; unfinished

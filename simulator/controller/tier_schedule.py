@@ -22,19 +22,19 @@ Priors: from a scenario's ``[[failure_class]]`` tables when given (a class that 
 down, ``nodes_lost = 0``, is a process failure; the others are node losses) and its
 ``[[tier]]`` tables (the tier that survives every class is the persistent one, the cheapest
 other one the local one), else from ``mtbf_h`` split as Llama 3 405B's interruptions were
-(:func:`default_process_share`: the preset ``llama3-mix``, whose host-surviving classes —
-software and hangs — are 15 % of the rate).
+(:func:`simulator.model.tiers.split_mtbf`: the preset ``llama3-mix``, whose host-surviving
+classes — software and hangs — are 15 % of the rate).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from functools import lru_cache
 
 from simulator.controller.estimate import FailureRatePosterior, RunningMean
 from simulator.controller.schedule import _MIN_CHECKPOINT_S, Schedule, interval_steps
 from simulator.errors import InputError
+from simulator.model.tiers import default_process_share, split_mtbf
 from simulator.policies import after_the_write
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "TIERS",
     "TieredSchedule",
     "default_process_share",
+    "mtbf_by_class",
     "scenario_priors",
     "tier_scenario",
 ]
@@ -58,15 +59,9 @@ NEVER = 2**62
 """A due step never reached (a tier no failure class needs: only the final save goes there)."""
 
 
-@lru_cache(maxsize=1)
-def default_process_share() -> float:
-    """The share of failures whose host survives, without other information: Llama 3 405B's
-    (the ``llama3-mix`` preset, from the paper's Table 5: classes with ``nodes_lost = 0``)."""
-    from simulator.model.scenario import load_scenario
-
-    mix = load_scenario("llama3-mix")
-    rates = [(c.nodes_lost, c.rate_per_s(mix.gpus, mix.nodes)) for c in mix.failure_classes]
-    return sum(r for lost, r in rates if lost == 0) / sum(r for _, r in rates)
+def mtbf_by_class(mtbf_s: float) -> dict[str, float]:
+    """A job's MTBF, seconds, as the MTBF of each live class (``model.tiers.split_mtbf``)."""
+    return dict(zip((PROCESS, NODE), split_mtbf(mtbf_s), strict=True))
 
 
 def scenario_priors(scenario) -> dict:
@@ -81,11 +76,7 @@ def scenario_priors(scenario) -> dict:
         for key, rate in rates.items():
             out["mtbf_s"][key] = 1.0 / rate if rate > 0 else None
     elif scenario.has_mtbf:
-        share = default_process_share()
-        out["mtbf_s"] = {
-            PROCESS: scenario.system_mtbf_s / share,
-            NODE: scenario.system_mtbf_s / (1.0 - share),
-        }
+        out["mtbf_s"] = mtbf_by_class(scenario.system_mtbf_s)
     writers = scenario.writer_nodes or scenario.nodes or 1
     every = {c.name for c in scenario.failure_classes}
     scheduled = [t for t in scenario.tiers if not t.jit]
@@ -251,7 +242,26 @@ class TieredSchedule(Schedule):
 
     def next_due(self, step: int, *, age_s: float, tier: str | None = None) -> int:
         """The step of the next save to any tier, after a save to ``tier`` at ``step`` (None:
-        a probe's end or a restore at ``step``: both tiers count from it; see :meth:`restart`)."""
+        a probe's end: both tiers count from it; a restore: :meth:`restart`). ``age_s`` is
+        the single-tier :class:`Schedule`'s argument; the tiers' first-order plan has no use
+        for it."""
+        return self._plan_from(step, tier, {})
+
+    def restart(self, step: int, persistent_step: int) -> int:
+        """After a restore at ``step`` (the newest copy of either tier): each tier counts from
+        :func:`simulator.model.tiers.interval_origin`, the rule the tiered simulator's marks
+        follow — the local tier from the restore, the persistent tier from its own newest copy
+        (``persistent_step``; 0: none, so from the start)."""
+        from simulator.model.tiers import interval_origin
+
+        copies = {LOCAL: step, PERSISTENT: persistent_step or None}
+        origin = int(interval_origin(copies, _live_tiers(), PERSISTENT))
+        return self._plan_from(step, None, {PERSISTENT: origin})
+
+    def _plan_from(self, step: int, tier: str | None, origins: Mapping[str, int]) -> int:
+        """Plan the tiers due after ``step`` (all of them when ``tier`` is None), each counting
+        from its ``origins`` step (default ``step``); a tier overdue from its origin is saved
+        at the next step. Returns the next step any tier is due."""
         if self.needs_probe:
             for t in TIERS:
                 self.due[t] = step + self.probe_steps
@@ -262,28 +272,14 @@ class TieredSchedule(Schedule):
         plan = self.plan_s()
         # A tier still on the probe's due step is planned now too.
         for t in TIERS if tier is None else {tier} | (set(TIERS) - self._planned):
-            self._set_tier(t, step, plan[t])
+            start = origins.get(t, step)
+            self._set_tier(t, start, plan[t])
+            if start < step:
+                self.due[t] = max(self.due[t], step + 1)
             self._planned.add(t)
         self.interval_s = self.tier_interval_s[PERSISTENT]
         self.interval_steps = self.tier_interval_steps[PERSISTENT]
         return self._next(step)
-
-    def restart(self, step: int, persistent_step: int, *, age_s: float) -> int:
-        """After a restore at ``step`` (the newest copy of either tier): each tier counts from
-        :func:`simulator.model.tiers.interval_origin`, the rule the tiered simulator's marks
-        follow — the local tier from the restore, the persistent tier from its own newest copy
-        (``persistent_step``; 0: none, so from the start)."""
-        from simulator.model.tiers import interval_origin
-
-        due = self.next_due(step, age_s=age_s)
-        copies = {LOCAL: step, PERSISTENT: persistent_step or None}
-        origin = int(interval_origin(copies, _live_tiers(), PERSISTENT))
-        if not self.needs_probe and origin < step:
-            plan = self.plan_s()
-            self._set_tier(PERSISTENT, origin, plan[PERSISTENT])
-            self.due[PERSISTENT] = max(self.due[PERSISTENT], step + 1)
-            due = self._next(step)
-        return due
 
     def _set_tier(self, tier: str, step: int, interval_s: float) -> None:
         self.tier_interval_s[tier] = interval_s

@@ -25,7 +25,13 @@ import math
 import warnings
 from typing import Any
 
-from simulator.controller.commit import choose_checkpoint, misnamed, reject, write_and_commit
+from simulator.controller.commit import (
+    REJECTED,
+    choose_checkpoint,
+    misnamed,
+    reject,
+    write_and_commit,
+)
 from simulator.controller.estimate import FailureRatePosterior
 from simulator.controller.integrity import (
     CheckpointWriteError,
@@ -33,7 +39,13 @@ from simulator.controller.integrity import (
     UnsafeCheckpoint,
 )
 from simulator.controller.local_ring import Ring
-from simulator.controller.local_tier import LocalTier, check_local_dir, run_id
+from simulator.controller.local_tier import (
+    LocalTier,
+    check_local_dir,
+    next_generation,
+    run_id,
+    superseded,
+)
 from simulator.controller.schedule import DEFAULT_MTBF_S
 from simulator.controller.state import check_state
 from simulator.controller.storage import (
@@ -41,16 +53,15 @@ from simulator.controller.storage import (
     checkpoint_name,
     checkpoint_step,
     complete_steps,
+    delete_checkpoint,
 )
 from simulator.controller.tier_schedule import (
     LOCAL,
-    NODE,
     PERSISTENT,
-    PROCESS,
     TIERS,
     TieredSchedule,
     check_tier_intervals,
-    default_process_share,
+    mtbf_by_class,
     scenario_priors,
 )
 from simulator.errors import InputError
@@ -59,6 +70,8 @@ __all__ = ["TierMixin", "open_local_tier", "tiered_schedule"]
 
 logger = logging.getLogger("simulator.controller")
 
+_SUPERSEDED = f"{REJECTED}superseded"
+"""A snapshot a restore refused as of an earlier branch, moved aside (removed at the next one)."""
 _UNSEEN_CLASS_SHARE = 0.01
 """A class the scenario gives no rate: a prior of 1 % of the job's rate worth 0.01 failures,
 so a single failure of that class moves it at once."""
@@ -67,18 +80,16 @@ so a single failure of that class moves it at once."""
 def tiered_schedule(base: dict, mtbf_h, scenario, fixed) -> TieredSchedule:
     """The two-tier schedule: ``base`` (the single-tier Schedule's arguments) plus a prior per
     failure class and the local tier's stall prior (see :mod:`~.tier_schedule`)."""
-    share = default_process_share()
     stall = {LOCAL: None, PERSISTENT: base["checkpoint_prior_s"]}
     weight = 2.0
     if mtbf_h is not None:
-        m = mtbf_h * 3600.0
-        mtbf = {PROCESS: m / share, NODE: m / (1.0 - share)}
+        mtbf = mtbf_by_class(mtbf_h * 3600.0)
     elif scenario is not None and scenario.has_mtbf:
         priors = scenario_priors(scenario)
         mtbf = priors["mtbf_s"]
         stall = {k: v if v is not None else stall[k] for k, v in priors["stall_s"].items()}
     else:
-        mtbf, weight = {PROCESS: DEFAULT_MTBF_S / share, NODE: DEFAULT_MTBF_S / (1 - share)}, 1.0
+        mtbf, weight = mtbf_by_class(DEFAULT_MTBF_S), 1.0
     known = [1.0 / v for v in mtbf.values() if v is not None]
     total_rate = sum(known)
     priors = {}
@@ -98,17 +109,31 @@ def open_local_tier(ckpt) -> LocalTier:
     rank 0). Under torch.distributed each rank has its own directory in the ring
     (:mod:`~simulator.controller.local_ring`); the tier is on for every rank or for none."""
     backend = ckpt.backend
-    rid, why = None, None
+    record, why = None, None
     if backend.rank == 0:
-        rid, why = run_id(ckpt.storage, ckpt.root, remote=ckpt._remote, create=not ckpt.read_only)
+        record, why = run_id(
+            ckpt.storage, ckpt.root, remote=ckpt._remote, create=not ckpt.read_only
+        )
     if backend.world_size > 1:
-        rid, why = backend.broadcast((rid, why))
+        record, why = backend.broadcast((record, why))
+    ckpt._run_record = record
+    ckpt._generation_settled = False
+    rid, generation, branch = record if record is not None else (None, 0, "")
     ring = backend.writes_manifest()
     sub = f"rank-{backend.rank}" if ring else None
-    tier = LocalTier(ckpt._local_dir, rid, keep_last=ckpt._local_keep, why=why, sub=sub)
+    tier = LocalTier(
+        ckpt._local_dir,
+        rid,
+        keep_last=ckpt._local_keep,
+        why=why,
+        sub=sub,
+        generation=generation,
+        branch=branch,
+    )
     ckpt._ring = None
     if ring:
-        ckpt._ring = Ring(backend, tier, run_id=rid)
+        # The template, {rank} and all: the ring looks in every rank's directory.
+        ckpt._ring = Ring(backend, tier, run_id=rid, local_dir=ckpt._local_template)
         everyone = ckpt._ring.gather((tier.found, tier.disabled))
         # Whether every rank found its own directory: a restart that lost a host is a node loss.
         tier.found = all(found for found, _ in everyone)
@@ -124,6 +149,7 @@ def open_local_tier(ckpt) -> LocalTier:
     if not tier.usable:
         ckpt.schedule.local_enabled = False
     ckpt._local_rejected = {}
+    ckpt._local_superseded = set()
     ckpt._local_saved = None
     ckpt.local_saves = 0
     ckpt.local_last_saved_step = None
@@ -174,6 +200,7 @@ class TierMixin:
         self._local_dir = check_local_dir(
             local_dir, self.root, remote=self._remote, rank=self.backend.rank
         )
+        self._local_template = str(local_dir)
         keep = 2 if self.async_save else 1
         if local_keep_last is not None:
             bad = isinstance(local_keep_last, bool) or not isinstance(local_keep_last, int)
@@ -224,6 +251,8 @@ class TierMixin:
         if self.local is not None:
             state["tiered"] = {
                 "run_id": self.local.run_id,
+                "generation": self.local.generation,
+                "branch": self.local.branch,
                 "local_save_stall_s": self.schedule.local_stall.value,
             }
 
@@ -347,6 +376,8 @@ class TierMixin:
 
     def _reject_local(self, name: str, why: str, reason: str) -> None:
         self._note_local_rejected(name, reject(self.local.storage, name, why, reason))
+        if why == "superseded":
+            self._local_superseded.add(name)
 
     def _note_local_rejected(self, name: str, line: str) -> None:
         warnings.warn(f"local tier: {line}; falling back", stacklevel=6)
@@ -358,15 +389,77 @@ class TierMixin:
             lines += [f"local tier: {line}" for line in self._local_rejected.values()]
         return lines
 
-    def _foreign(self, state: dict) -> str | None:
-        """Why a local checkpoint is not this run's (None: it is, or it is persistent)."""
+    def _foreign(self, state: dict) -> tuple[str, str] | None:
+        """Why a local checkpoint is not this run's current branch, as ``(why, reason)``
+        (None: it is, or it is persistent)."""
         if self.local is None or self._restore_tier != LOCAL:
             return None
         tiered = state.get("tiered")
-        owner = tiered.get("run_id") if isinstance(tiered, dict) else None
-        if owner == self.local.run_id:
-            return None
-        return f"it belongs to run {owner!r}, not to this run ({self.local.run_id})"
+        tiered = tiered if isinstance(tiered, dict) else {}
+        owner = tiered.get("run_id")
+        if owner != self.local.run_id:
+            return "foreign", f"it belongs to run {owner!r}, not to this run ({self.local.run_id})"
+        return superseded(tiered, self.local.generation, self.local.branch)
+
+    def _settle_generation(self) -> None:
+        """Once a session, before it saves anything: unless it went on from the local tier,
+        it starts a new branch of the run (:mod:`~simulator.controller.local_tier`,
+        "Branches"), so every rank's snapshots from now on record a new generation. When that
+        cannot be recorded, the local tier is off for the session (a snapshot of the new branch
+        could not be told from the old one's)."""
+        if self.local is None or self._generation_settled:
+            return
+        self._generation_settled = True
+        if not self.local.usable or self.restored_tier == LOCAL:
+            return
+        new, why = None, "the checkpoint directory is read-only" if self.read_only else None
+        if self.backend.rank == 0 and not self.read_only:
+            new, why = next_generation(
+                self.storage, self.root, self._run_record, remote=self._remote
+            )
+        if self.backend.world_size > 1:
+            new, why = self.backend.broadcast((new, why))
+        if why is not None:
+            self.local.disabled = f"the run's new branch cannot be recorded ({why})"
+            self.schedule.local_enabled = False
+            if self.backend.rank == 0:
+                warnings.warn(
+                    f"local tier disabled for this session: {self.local.disabled}; "
+                    "checkpoints go to the persistent tier only",
+                    stacklevel=4,
+                )
+            return
+        self._run_record = new
+        self.local.generation, self.local.branch = new.generation, new.branch
+        self._drop_superseded()
+
+    def _drop_superseded(self) -> None:
+        """Delete this rank's local snapshots of earlier generations: no restore takes them
+        (they are dead branches), retention would count them as the newest, and a RAM-backed
+        tier must not keep what can never be used."""
+        stores = [self.local.storage]
+        if self._ring is not None and self._ring.held is not None:
+            stores.append(self._ring.held)
+        dropped = []
+        for store in stores:
+            try:
+                for name in store.list():
+                    dead = checkpoint_step(name) is not None or name.endswith(_SUPERSEDED)
+                    if dead and not store.is_symlink(name):
+                        delete_checkpoint(store, name)
+                        dropped.append(store.describe(name))
+            except OSError as exc:
+                warnings.warn(
+                    f"local tier: cannot remove the snapshots of an earlier branch in "
+                    f"{store.describe()}: {exc}",
+                    stacklevel=5,
+                )
+        if dropped:
+            logger.info(
+                "local tier: removed %d snapshot(s) of an earlier branch of the run: %s",
+                len(dropped),
+                ", ".join(dropped),
+            )
 
     def _seed_tier(self, state: dict) -> None:
         tiered = state.get("tiered")
@@ -388,11 +481,12 @@ class TierMixin:
             return
         gone = self.local.usable and not self.local.found
         if step > 0 and (gone or self._local_rejected):
-            why = (
-                "held nothing of this run (wiped, or a new host)"
-                if gone
-                else "held no intact checkpoint"
-            )
+            if gone:
+                why = "held nothing of this run (wiped, or a new host)"
+            elif set(self._local_rejected) <= self._local_superseded:
+                why = "held only snapshots of an earlier branch of the run"
+            else:
+                why = "held no intact checkpoint"
             warnings.warn(
                 f"the local tier {where} {why}: restored step {step} from the persistent tier",
                 stacklevel=4,
@@ -430,7 +524,8 @@ class TierMixin:
             try:
                 path = self.local.storage.local_copy(name)
                 state = check_state(self.backend.read_own(path, template), where=name)
-                error = misnamed(name, state.get("step")) or self._foreign(state)
+                foreign = self._foreign(state)
+                error = misnamed(name, state.get("step")) or (foreign and foreign[1])
             except (CorruptCheckpoint, UnsafeCheckpoint) as exc:
                 error = f"rank {rank}'s {name}: {exc}"
                 why = "unsafe" if isinstance(exc, UnsafeCheckpoint) else "corrupt"
@@ -469,7 +564,7 @@ class TierMixin:
                 "restored step %d from the local tier (%s)%s",
                 step,
                 self.local.root,
-                f"; rank(s) {took} took their snapshots from their partners' copies"
+                f"; rank(s) {took} took their snapshots from copies that survived"
                 if took
                 else ", every rank from its own snapshot",
             )
@@ -489,9 +584,10 @@ class TierMixin:
         if self.local is None:
             return self.schedule.next_due(step, age_s=age_s)
         persistent = step if self.restored_tier != LOCAL else (self._newest_persistent() or 0)
-        return self.schedule.restart(step, persistent, age_s=age_s)
+        return self.schedule.restart(step, persistent)
 
     def _after_tiered_restore(self, step: int) -> None:
+        self._settle_generation()
         if self.local is not None and self.restored_tier == LOCAL:
             self._local_saved = step
             self._saved_step = self._newest_persistent()

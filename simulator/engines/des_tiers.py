@@ -38,6 +38,7 @@ from simulator.model.tiers import (
     TierSchedule,
     final_tiers,
     interval_origin,
+    jit_copies,
     rollback,
     scheduled,
     served_by,
@@ -307,10 +308,9 @@ class TieredClusterJob(ClusterJob):
         self.writers = {}
         if kind == "jit":  # saved just in time: the job resumes where it failed
             at, tier = self.done_s, by
-            self.copies[tier.name] = at
+            for copy in jit_copies(tier):  # its own, and one in its into tier
+                self.copies[copy] = at
             self.counts[f"saves_{tier.name}"] += 1
-            if tier.into is not None:  # written to a scheduled tier: a copy there too
-                self.copies[tier.into] = at
         else:  # the newest surviving copy: the step's, or a scheduled tier's if newer
             at, tier = rollback(self.copies, self.scenario.tiers, name)
         self.t["lost"] += self.done_s - at

@@ -654,6 +654,13 @@ class FailureLog:
     def censored(self) -> int:
         return int((~self.observed).sum())
 
+    @property
+    def system_gaps(self) -> bool:
+        """Whether the lifetimes are the whole system's times between failures (a timestamp
+        log without a component column), so a fit of them is the job's own MTBF, not one
+        unit's."""
+        return self.shape == "timestamps" and self.components is None
+
 
 _UNIT_WORDS = {
     "s": "s", "sec": "s", "secs": "s", "second": "s", "seconds": "s",

@@ -633,8 +633,7 @@ def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, 
     result["scenario_fit"] = {"family": best.family, "skipped": [f"fit {p}" for p in skipped]}
     data: dict = {"name": name, "failure": failure_spec(best)}
     mean_h = best.mean_s / 3600.0
-    if log.shape == "timestamps" and log.components is None:
-        # Gaps of the whole system: the fit is the job's own time between failures.
+    if log.system_gaps:  # the fit is the job's own time between failures
         data["mtbf_h"] = mean_h
     else:
         gpus = gpus or log.components
@@ -662,9 +661,8 @@ def scenario_from_fit(log, result: dict, *, name: str, gpus: int | None = None, 
         for key in ("failure", "mtbf_h", "gpu_mtbf_h"):
             data.pop(key, None)
         classes = cause_classes(
-            log, result, system=log.shape == "timestamps" and log.components is None,
-            restart_given=fixed.get("restart_s") is not None,
-        )  # fmt: skip
+            log, result, system=log.system_gaps, restart_given=fixed.get("restart_s") is not None
+        )
         data["failure_class"] = [table for table, _ in classes]
         result["scenario_fit"]["class_comments"] = [lines for _, lines in classes]
     from simulator.model.scenario import Scenario

@@ -4,7 +4,10 @@ First order for k tiers (Benoit, Cavelan, Le Fèvre, Robert, Sun, IEEE TC 2017; 
 Vivien, Cappello, TPDS 2017; ``analytic.tier_first_order``): tier ℓ saved every √(2Cℓ/λℓ),
 λℓ the rate of the failures ℓ serves (``model.tiers.served_by``), waste Σℓ √(2 λℓ Cℓ) plus
 each failure's recovery and restore; an asynchronous tier is saved no more often than its
-background write lasts (``after_writes``: the live controller's rule). ``first_order_plan``
+background write lasts (``after_writes``: the live controller's rule). A just-in-time save
+written ``into`` a tier is a copy there, as in the DES: it restarts that tier's interval (and
+those of the tiers it covers, ``tiers.refreshed_by``), so such a tier's interval and lost work
+are ``analytic.refreshed_interval`` and ``refreshed_age_s`` at that rate. ``first_order_plan``
 is that optimum, ``waste_at`` the same model at any intervals, ``wall_per_work`` the budget's
 wall time from the same terms. The single-tier
 answer beside it (``single_tier_plan``) is today's single-tier machinery,
@@ -33,6 +36,7 @@ from simulator.model.tiers import (
     failure_cost_s,
     final_save_s,
     final_tiers,
+    refreshed_by,
     save_writers,
     scheduled,
     served_by,
@@ -49,6 +53,8 @@ __all__ = [
     "first_order_strain",
     "job_waste_fraction",
     "priced",
+    "refresh_rates_per_s",
+    "served_rates_per_s",
     "serves_every_class",
     "single_tier_plan",
     "storage_usd_per_day",
@@ -76,6 +82,8 @@ def first_order_plan(scenario) -> dict[str, Any]:
     survives loses no work: it pays that tier's save and restore in its recovery. A class an
     every-step tier survives loses half a step and pays that tier's restore; every step's
     stall adds ``step_overhead`` to the waste. The scheduled tiers' intervals leave both out.
+    A tier that just-in-time saves are written into (``refresh_rates_per_s``) gets copies
+    from them too: its interval is ``analytic.refreshed_interval``, the waste ``waste_at``.
     A class in bursts counts a burst as one failure whose recovery lasts from its first
     failure to the end of the recovery from its last (``class_terms``).
 
@@ -113,9 +121,13 @@ def first_order_plan(scenario) -> dict[str, Any]:
         restart_cost += rate * failure_cost_s(kind, tier, recovery_s, writers)
     tau, waste = analytic.tier_first_order(list(costs.values()), list(rates.values()), restart_cost)
     intervals = {n: float(x) for n, x in zip(costs, tau, strict=True)}
+    refresh = {n: rho for n, rho in refresh_rates_per_s(scenario).items() if rho > 0}
+    for n, rho in refresh.items():  # just-in-time saves give it copies too
+        intervals[n] = float(analytic.refreshed_interval(costs[n], rates[n], rho))
     raised = after_writes(scenario, intervals)
     if raised:  # the same model, at the intervals the writes allow
         intervals.update({n: write for n, (_, write) in raised.items()})
+    if raised or refresh:
         waste = waste_at(scenario, intervals)
     else:
         waste += step_overhead(scenario.tiers)
@@ -160,10 +172,11 @@ def waste_at(scenario, intervals_s: dict[str, float]) -> float:
     """First-order waste of a tier schedule at any intervals (tier name -> seconds; ``inf``:
     final save only), as a fraction of wall time: each tier's stalls Cℓ/τℓ (an asynchronous
     one's wait for a write that outlasts its interval too), every step's stall, and each
-    class (``served_by``) losing half the shortest interval among the scheduled tiers that
-    survive it (half the work when none is saved on a schedule, half a step when an
-    every-step tier serves it, nothing when a just-in-time tier does) and paying its recovery
-    and restore (``failure_cost_s``)."""
+    class (``served_by``) losing the work since the newest copy among the scheduled tiers
+    that survive it (``_charges``: half the shortest interval, less where just-in-time saves
+    are written into such a tier; half the work when none is saved on a schedule, half a step
+    when an every-step tier serves it, nothing when a just-in-time tier does) and paying its
+    recovery and restore (``failure_cost_s``)."""
     waste = _stalls(scenario, intervals_s)
     waste += sum(rate * (lost + cost) for rate, lost, cost in _charges(scenario, intervals_s))
     return float(waste)
@@ -173,15 +186,19 @@ def _stalls(scenario, intervals_s: dict[str, float]) -> float:
     """Stall seconds per compute second: each tier's save over its interval, an asynchronous
     save waiting as well for the rest of the previous write when that outlasts the interval
     (as the DES does: ``policies.after_the_write``), and every step's stall."""
+    from simulator.analytic import refreshed_saves_per_s  # scipy: only when asked for
     from simulator.policies import after_the_write
 
     writers = save_writers(scenario)
+    refresh = refresh_rates_per_s(scenario)
     total = step_overhead(scenario.tiers)
     for t in scheduled(scenario.tiers):
         tau = intervals_s[t.name]
         if math.isfinite(tau):
             wait = after_the_write(tau, t.write_s(writers)) - tau if t.asynchronous else 0.0
-            total += (t.stall_s(writers) + wait) / tau
+            rho = refresh[t.name]
+            per_s = 1.0 / tau if rho == 0 else refreshed_saves_per_s(tau, rho)
+            total += (t.stall_s(writers) + wait) * per_s
     return float(total)
 
 
@@ -208,23 +225,60 @@ def wall_per_work(scenario, intervals_s: dict[str, float]) -> float:
 
 def _charges(scenario, intervals_s: dict[str, float]):
     """(rate, expected lost work, recovery cost) of each class, seconds, at these intervals:
-    the work since the newest copy it survives (half the shortest interval among the scheduled
-    tiers that survive it; half the work when none is saved on a schedule; nothing for a
-    just-in-time tier) and its recovery and restore (``failure_cost_s``; half a step with an
-    every-step tier)."""
+    the work since the newest copy it survives (the least expected age among the scheduled
+    tiers that survive it: half the interval, or ``analytic.refreshed_age_s`` for a tier that
+    just-in-time saves are written into, ``refresh_rates_per_s``; half the work when none is
+    saved on a schedule; nothing for a just-in-time tier) and its recovery and restore
+    (``failure_cost_s``; half a step with an every-step tier)."""
     writers = save_writers(scenario)
     work = float(scenario.work_s or 0.0)
+    refresh = refresh_rates_per_s(scenario)
     for name, rate, recovery_s in class_terms(scenario):
         kind, by = served_by(scenario.tiers, name)
         if kind != "scheduled":
             yield rate, 0.0, failure_cost_s(kind, by, recovery_s, writers)
             continue
-        saved = [(intervals_s[t.name], t) for t in by if math.isfinite(intervals_s[t.name])]
+        saved = [(_age_s(intervals_s[t.name], refresh[t.name]), t) for t in by]
+        saved = [(age, t) for age, t in saved if math.isfinite(age)]
         if saved:
-            tau, tier = min(saved, key=lambda x: x[0])
-            yield rate, tau / 2.0, failure_cost_s(kind, tier, recovery_s, writers)
+            lost, tier = min(saved, key=lambda x: x[0])
+            yield rate, lost, failure_cost_s(kind, tier, recovery_s, writers)
         else:
             yield rate, work / 2.0, recovery_s
+
+
+def _age_s(tau: float, refresh: float) -> float:
+    """Expected work since a tier's newest copy at a failure: half its interval (inf when it
+    is saved only at the end), or ``analytic.refreshed_age_s`` with just-in-time copies."""
+    if refresh == 0:
+        return tau / 2.0
+    from simulator.analytic import refreshed_age_s  # scipy: only when asked for
+
+    return float(refreshed_age_s(tau, refresh))
+
+
+def served_rates_per_s(scenario, kind: str) -> dict[str, float]:
+    """Failures per second (a burst counting once) that each tier of ``kind`` (``jit`` or
+    ``step``) serves (``served_by``)."""
+    pick = (lambda t: t.jit) if kind == "jit" else (lambda t: t.every_step)
+    out = {t.name: 0.0 for t in scenario.tiers if pick(t)}
+    for name, rate, _ in class_terms(scenario):
+        how, by = served_by(scenario.tiers, name)
+        if how == kind:
+            out[by.name] += rate
+    return out
+
+
+def refresh_rates_per_s(scenario) -> dict[str, float]:
+    """ρℓ of each scheduled tier: how often per second a just-in-time save leaves a copy that
+    serves its failures and restarts its interval (``tiers.refreshed_by``: the failures the
+    just-in-time tiers written into a tier that covers it serve); 0 for most tiers."""
+    jit = served_rates_per_s(scenario, "jit")
+    tiers = scenario.tiers
+    return {
+        t.name: float(sum(jit[j.name] for j in refreshed_by(tiers, t.name)))
+        for t in scheduled(tiers)
+    }
 
 
 def first_order_strain(scenario, intervals_s: dict[str, float]) -> float:

@@ -14,7 +14,9 @@ time after a failure (``jit``), or after every training step (``every_step``, wi
 step). A failure of class c rolls the job back to the newest completed checkpoint in any tier
 that survives c; ``served_by`` says which tier that is for the first-order closed form
 (``simulator.model.tier_plan``): a just-in-time tier, else an every-step tier, else the
-cheapest scheduled tier that survives c ("the tier c needs").
+cheapest scheduled tier that survives c ("the tier c needs"). A just-in-time save written
+``into`` a scheduled tier is a copy there too (``jit_copies``), which restarts the interval of
+every tier it covers (``refreshed_by``): the DES and the closed forms both follow these.
 
 A scenario without tiers or classes is today's single-tier, single-class model, unchanged.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from simulator.errors import InputError
@@ -32,17 +35,22 @@ from simulator.model.limits import check as check_range
 __all__ = [
     "FailureClass",
     "Tier",
+    "covers",
+    "default_process_share",
     "failure_cost_s",
     "final_save_s",
     "final_tiers",
     "interval_origin",
+    "jit_copies",
     "jit_tier",
     "parse_classes",
     "parse_tiers",
+    "refreshed_by",
     "rollback",
     "save_writers",
     "scheduled",
     "served_by",
+    "split_mtbf",
     "step_overhead",
     "step_tier",
     "with_measured_tier",
@@ -93,6 +101,25 @@ def _name(kind: str, value) -> str:
             "record; rename the class"
         )
     return value
+
+
+@lru_cache(maxsize=1)
+def default_process_share() -> float:
+    """The share of failures whose host survives, without other information: Llama 3 405B's
+    (the ``llama3-mix`` preset, from the paper's Table 5: classes with ``nodes_lost = 0``)."""
+    from simulator.model.scenario import load_scenario
+
+    mix = load_scenario("llama3-mix")
+    rates = [(c.nodes_lost, c.rate_per_s(mix.gpus, mix.nodes)) for c in mix.failure_classes]
+    return sum(r for lost, r in rates if lost == 0) / sum(r for _, r in rates)
+
+
+def split_mtbf(mtbf_s: float) -> tuple[float, float]:
+    """A job's MTBF, seconds, split into the MTBFs of failures its hosts survive (a process
+    crash) and of node losses, at ``default_process_share``: (process, node) seconds, whose
+    rates add up to the job's."""
+    share = default_process_share()
+    return mtbf_s / share, mtbf_s / (1.0 - share)
 
 
 def write_time_s(nbytes: float, per_node: float | None, total: float | None, writers: int) -> float:
@@ -451,6 +478,29 @@ def step_overhead(tiers) -> float:
     return 0.0 if step is None else step.step_stall_s / step.step_s
 
 
+def jit_copies(tier: Tier) -> list[str]:
+    """The tiers a just-in-time save of ``tier`` leaves a copy in: its own and, when it names
+    one, its ``into`` tier (later failures that tier survives roll back to the copy there)."""
+    return [tier.name] + ([tier.into] if tier.into is not None else [])
+
+
+def refreshed_by(tiers, name: str) -> list[Tier]:
+    """The just-in-time tiers whose save, after a failure, restarts scheduled tier ``name``'s
+    interval: those written ``into`` a tier whose copy outlives every failure ``name``'s does
+    (``interval_origin``'s rule), so that copy also serves ``name``'s failures. The DES gets
+    this from the copies themselves; the closed forms (``tier_plan``) count these saves as
+    extra copies of ``name``."""
+    mine = next(t for t in tiers if t.name == name)
+    by_name = {t.name: t for t in tiers}
+    return [t for t in tiers if t.jit and t.into is not None and covers(by_name[t.into], mine)]
+
+
+def covers(tier: Tier, other: Tier) -> bool:
+    """Whether a copy in ``tier`` outlives every failure a copy in ``other`` does (so it
+    serves all of ``other``'s failures: after a save there, ``other`` is not due at once)."""
+    return tier.survives >= other.survives
+
+
 def jit_tier(tiers, class_name: str) -> Tier | None:
     """The just-in-time tier that serves a failure of ``class_name`` (quickest to save and
     restore), or None when none survives it."""
@@ -677,7 +727,7 @@ def interval_origin(copies: dict[str, float | None], tiers, name: str) -> float:
     save off for ever.
     """
     mine = next(t for t in tiers if t.name == name)
-    held = [copies.get(t.name) for t in tiers if t.survives >= mine.survives]
+    held = [copies.get(t.name) for t in tiers if covers(t, mine)]
     return max((x for x in held if x is not None), default=0.0)
 
 
