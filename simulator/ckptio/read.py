@@ -69,6 +69,20 @@ def is_complete(path: str | os.PathLike) -> bool:
     return True
 
 
+def verify_structure(path: str | os.PathLike, *members: str) -> None:
+    """Raise :class:`CorruptCheckpoint` (one-line reason) unless the checkpoint passes every
+    structural rule of :func:`verify_checkpoint` and the small ``members`` named (those a
+    caller reads before the load, e.g. ``meta.json``) match their CRC-32; the other files'
+    checksums are left to :func:`read_checkpoint` with ``verify``, in the same single pass
+    that loads them."""
+    path = Path(path)
+    files = _inspect(path)["files"]
+    for name in members:
+        if name in files:
+            entry = files[name]
+            _check_crc(path / name, _member_crc(path / name, entry["bytes"]), entry["crc32"])
+
+
 def verify_checkpoint(path: str | os.PathLike) -> None:
     """Raise :class:`CorruptCheckpoint` (one-line reason) unless the checkpoint passes every
     structural rule and every file matches the manifest in size and CRC-32.
