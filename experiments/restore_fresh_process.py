@@ -1,14 +1,15 @@
 """The restore a restart pays: each load in a fresh process, against the raw read in one.
 
 The benchmark loop (``bench_cost_at_scale.py``) restores again and again inside one process,
-whose allocator hands a restore (and the raw read's 64 MB buffer) memory that earlier repeats
-freed; a job restarted after a failure restores once, into a fresh process, where every page of
-the restored state is fresh memory the kernel must fault in. This script times that case: one
-checkpoint (``ckptio``, the complete training state) and one raw file of the same bytes are
-written once; then, in pairs, rotated in order, fresh Python processes each drop the file's
-pages (``posix_fadvise(DONTNEED)``) and time one load: the raw read (``f.read(64 MB)`` in a
-loop, as the benchmark's), ``read_checkpoint(verify=True)``, and ``read_checkpoint`` with the
-prefault thread switched off (what the thread adds). Ratios are formed per pair.
+whose allocator hands a restore memory that earlier repeats freed; a job restarted after a
+failure restores once, into a fresh process, where every page of the restored state is fresh
+memory the kernel must fault in. This script times that case: one checkpoint (``ckptio``, the
+complete training state) and one raw file of the same bytes are written once; then, in pairs,
+rotated in order, fresh Python processes each drop the file's pages
+(``posix_fadvise(DONTNEED)``) and time one load: the raw read (the benchmark's: 64 MB at a
+time into one buffer mapped before the clock starts, so the disk's speed),
+``read_checkpoint(verify=True)``, and ``read_checkpoint`` with the prefault thread switched off
+(what the thread adds). Ratios are formed per pair.
 Writes ``reports/restore-fresh-process.md`` and its JSON. About 2 minutes on 2 shared cores.
 
     python experiments/restore_fresh_process.py [--size 100M] [--pairs 10] [--dir DIR]
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         "one raw file of the same bytes, each written and fsync'ed once. Each load runs in a "
         "fresh Python process (what a job restarted after a failure does), which first drops "
         "the file's pages with `posix_fadvise(POSIX_FADV_DONTNEED)`: the raw read "
-        "(`f.read(64 MB)` in a loop, the benchmark's baseline), `read_checkpoint(verify=True)`, "
+        "(the benchmark's: 64 MB at a time into one buffer mapped before the clock starts), "
+        "`read_checkpoint(verify=True)`, "
         "and the same with the prefault thread off (`restore-no-prefault`: what the thread "
         "adds). Jobs rotate in order by pair; ratios (bandwidth, higher is better) are "
         "formed per pair; 95 % intervals are Student's t over pairs.",

@@ -334,6 +334,68 @@ def test_fresh_process_restore_study_times_each_load_in_its_own_process(tmp_path
     ]
 
 
+def test_the_raw_read_reads_every_byte_into_one_buffer_mapped_before_its_clock(tmp_path):
+    # The baseline is the disk's speed: f.read() into a fresh buffer per call timed the
+    # allocator too (no page mapped inside a long benchmark loop, every page in a fresh
+    # process). Whatever the allocator holds, the timed read maps no fresh memory.
+    import os
+    import resource
+
+    nbytes = 3 * fmt_io._RAW_CHUNK + 5
+    fmt_io.raw_write(tmp_path / "raw", nbytes)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    rchar = _rchar() if os.path.exists("/proc/self/io") else None
+    assert fmt_io.raw_read(tmp_path / "raw") > 0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    assert faults < 2_000  # 196 MB read: 48,000 pages had each call used fresh memory
+    if rchar is not None:
+        assert nbytes <= _rchar() - rchar < nbytes + (1 << 20)
+    # the bytes that arrive are the file's (the last read's 5 bytes land at the front)
+    with open(tmp_path / "raw" / "raw.bin", "rb") as f:
+        assert bytes(fmt_io._raw_read_buffer()[:5]) == f.read()[-5:]
+
+
+def _rchar() -> int:
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+def test_the_quick_goal_check_prints_both_goal_ratios_and_writes_no_report(tmp_path, capsys):
+    from experiments import bench_cost_at_scale
+
+    argv = ["--quick", "--sizes", "300K", "--repeats", "2", "--dir", str(tmp_path)]
+    assert bench_cost_at_scale.main([*argv, "--reports", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "restore/raw-read >= 90%" in out and "save/raw-write >= 90%" in out
+    assert "300K: mean" in out and "over 2 repeats" in out
+    assert "parallel writers" not in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_restore_frees_the_state_it_replaces_before_its_clock_starts(tmp_path, monkeypatch):
+    # Only the restored copy is held (1x memory), and the memory the previous one frees is the
+    # allocator's to hand to the restore, as in a training process that restores in place of
+    # its state; a reference kept by the loop held two or three copies at once.
+    import weakref
+
+    saved, alive_at_load = [], []
+    save, load = fmt_io.SAVERS["ckptsim"], fmt_io.LOADERS["ckptsim"]
+
+    def saving(state, directory):
+        saved.append(weakref.ref(next(iter(flatten(state)[0].values()))))
+        return save(state, directory)
+
+    def loading(directory, state=None):
+        alive_at_load.append(saved[-1]() is not None)
+        return load(directory, state)
+
+    monkeypatch.setitem(fmt_io.SAVERS, "ckptsim", saving)
+    monkeypatch.setitem(fmt_io.LOADERS, "ckptsim", loading)
+    cfg = BenchConfig(directory=tmp_path, sizes=("300K",), formats=("ckptsim",), repeats=3)
+    run_benchmark(cfg, progress=False)
+    assert alive_at_load == [False] * 3
+
+
 # -- reduced precision (ckptsim bench --optimizer-precision / --weights-precision) ------------
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -359,14 +358,14 @@ def test_a_verified_restore_reads_the_tensor_file_once_in_plain_reads_not_page_f
     assert tensors["w"].untyped_storage().data_ptr() != tensors["b"].untyped_storage().data_ptr()
 
 
-def test_io_groups_cover_every_buffer_in_order_in_64_mb_scatter_reads():
-    from simulator.ckptio.layout import IO_CHUNK, IOV_MAX, io_groups
+def test_io_groups_cover_every_buffer_in_order_in_read_chunk_scatter_reads():
+    from simulator.ckptio.layout import IOV_MAX, READ_CHUNK, io_groups
 
     sizes = [5, (64 << 20) + 3, 1 << 20, 0, 130 << 20, *([7] * 3000)]
     views = [memoryview(bytearray(n)) for n in sizes if n]
     groups = io_groups(views)
-    assert all(0 < sum(map(len, g)) <= IO_CHUNK and 0 < len(g) <= IOV_MAX for g in groups)
-    assert all(sum(map(len, g)) == IO_CHUNK or len(g) == IOV_MAX for g in groups[:-1])
+    assert all(0 < sum(map(len, g)) <= READ_CHUNK and 0 < len(g) <= IOV_MAX for g in groups)
+    assert all(sum(map(len, g)) == READ_CHUNK or len(g) == IOV_MAX for g in groups[:-1])
     # Concatenated, the pieces are exactly the buffers, each whole and in order.
     pieces = [piece for g in groups for piece in g]
     for view in views:
@@ -414,14 +413,30 @@ def test_prefaulter_maps_fresh_pages_ahead_of_the_reader_and_never_changes_a_byt
     expected = kept.clone()
     fresh = torch.empty(48 << 20, dtype=torch.uint8)  # a mapping of its own, no page touched
     with Prefaulter([kept, fresh]) as prefault:
-        deadline = time.monotonic() + 60
-        while prefault.populated_bytes < kept.nbytes + fresh.nbytes:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        prefault.ready(kept.nbytes + fresh.nbytes)  # the reader's wait: every page mapped
+        # The pages of ``kept`` were mapped already (mincore): left out, only fresh's mapped.
+        assert fresh.nbytes <= prefault.populated_bytes <= fresh.nbytes + 2 * 4096
     before = _minor_faults()
     fresh.fill_(7)  # 12,288 pages: each would fault here had the thread not mapped it
     assert _minor_faults() - before < 64
     assert torch.equal(kept, expected)
+
+
+@pytest.mark.skipif(not ckptio.syscalls.HAVE_POPULATE, reason="needs Linux madvise")
+def test_a_restore_into_memory_mapped_already_starts_no_prefault_thread(monkeypatch):
+    from simulator.ckptio import prefault
+
+    recycled = torch.ones(8 << 20, dtype=torch.uint8)  # every page touched: nothing to map
+    started, start = [], prefault.threading.Thread.start
+
+    def counted(thread):
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(prefault.threading.Thread, "start", counted)
+    with prefault.Prefaulter([recycled]) as p:
+        p.ready(recycled.nbytes)  # returns at once: no thread to wait for
+    assert started == [] and p.populated_bytes == 0
 
 
 def test_a_corrupt_large_file_is_refused_and_leaves_no_thread_behind(tmp_path):

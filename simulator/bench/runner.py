@@ -290,13 +290,15 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
             for dtype in cfg.dtypes:
                 bar.set_postfix_str(f"{size} {dtype}: building state")
                 ts = build_state(parse_size(size), dtype=dtype, seed=cfg.seed)
-                state = ts.state
-                roomy = 2.2 * ts.tensor_bytes < mem_available_bytes()
+                params, tensor_bytes = ts.params, ts.tensor_bytes
+                held = [ts.state]  # the one reference: a restore lets go of it before its clock
+                del ts
+                roomy = 2.2 * tensor_bytes < mem_available_bytes()
                 # One untimed write of the state's size first: the first large write after the
                 # state was built is slow for reasons of its own (fresh page-cache memory), and
                 # it would always land on the raw baseline, first in the first repeat.
                 with disk_errors_are_the_users(f"the warm-up write ({size} {dtype})", directory):
-                    fmt_io.raw_write(work / f"warmup-{size}-{dtype}", ts.tensor_bytes)
+                    fmt_io.raw_write(work / f"warmup-{size}-{dtype}", tensor_bytes)
                 shutil.rmtree(work / f"warmup-{size}-{dtype}", ignore_errors=True)
                 for rep, job in interleaved(jobs, cfg.repeats):
                     fmt, reduced = job.removesuffix(REDUCED), job.endswith(REDUCED)
@@ -308,7 +310,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                         bar.update()
                         continue
                     row = {"format": fmt, "size": size, "dtype": dtype, "repeat": rep}
-                    row |= {"params": ts.params, "tensor_bytes": ts.tensor_bytes}
+                    row |= {"params": params, "tensor_bytes": tensor_bytes}
                     if fmt != "raw":
                         row["optimizer_precision"] = cfg.optimizer_precision if reduced else "fp32"
                         row["weights_precision"] = cfg.weights_precision if reduced else "fp32"
@@ -316,10 +318,10 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                         f"the {job} checkpoint ({size} {dtype})", directory
                     ):
                         where = work / f"{job}-{rep}"
-                        state = _measure(job, state, ts.tensor_bytes, where, row)
+                        _measure(job, held, tensor_bytes, where, row)
                     samples.append(row)
                     bar.update()
-                del ts, state
+                del held
         if cfg.writers:
             from simulator.bench.writers import run_writers
 
@@ -356,8 +358,9 @@ def disk_errors_are_the_users(what: str, directory: Path) -> Iterator[None]:
         ) from None
 
 
-def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]) -> Any:
-    """One save + cold restore; returns the state to carry on with (the restored one)."""
+def _measure(job: str, held: list[Any], nbytes: int, where: Path, row: dict[str, Any]) -> None:
+    """One save + cold restore of the state ``held[0]``, which the restored one replaces (the
+    list is the state's only reference, so a restore can free it before its clock starts)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP: "assuming ... a single process"
@@ -367,13 +370,13 @@ def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]
                 faults = _minor_faults()
                 row["load_s"] = fmt_io.raw_read(where)
                 row["load_minor_faults"] = _minor_faults() - faults
-                return state
+                return
             fmt = job.removesuffix(REDUCED)
             if job.endswith(REDUCED):
                 row.update(
                     fmt_io.save_reduced(
                         fmt,
-                        state,
+                        held[0],
                         where,
                         optimizer=row["optimizer_precision"],
                         weights=row["weights_precision"],
@@ -381,24 +384,23 @@ def _measure(job: str, state: Any, nbytes: int, where: Path, row: dict[str, Any]
                 )
                 loader = functools.partial(fmt_io.load_reduced, fmt)
             else:
-                row.update(fmt_io.SAVERS[fmt](state, where))
+                row.update(fmt_io.SAVERS[fmt](held[0], where))
                 loader = fmt_io.LOADERS[fmt]
             row["bytes"] = fmt_io.disk_bytes(where)
             faults = _minor_faults()  # counted from here: drop_cache faults no page in
             if job in fmt_io.IN_PLACE:
                 fmt_io.drop_cache(where)
                 start = time.perf_counter()
-                state = loader(where, state)
+                held[0] = loader(where, held[0])
             else:
                 # Drop our reference so only the restored copy is held (1x memory at 1B), and
                 # before the clock starts: freeing the previous restore is no part of this one.
-                state = None
+                held.clear()
                 fmt_io.drop_cache(where)
                 start = time.perf_counter()
-                state = loader(where)
+                held.append(loader(where))
             row["load_s"] = time.perf_counter() - start
             row["load_minor_faults"] = _minor_faults() - faults
-            return state
     finally:
         shutil.rmtree(where, ignore_errors=True)
 

@@ -57,6 +57,7 @@ from simulator.ckptio.read import (
     read_manifest,
     remove_stale_temps,
     verify_checkpoint,
+    verify_structure,
 )
 from simulator.ckptio.staging import AsyncWriter, stage
 from simulator.ckptio.write import write_checkpoint
@@ -85,5 +86,6 @@ __all__ = [
     "remove_stale_temps",
     "stage",
     "verify_checkpoint",
+    "verify_structure",
     "write_checkpoint",
 ]

@@ -1,14 +1,17 @@
-"""A Linux system call that Python's ``os`` module lacks, for ckptio's restore.
+"""Two Linux system calls that Python's ``os`` module lacks, for ckptio's restore.
 
 ``madvise(MADV_POPULATE_WRITE)`` (Linux >= 5.14) maps fresh memory's pages without writing
-them (:mod:`simulator.ckptio.prefault`). It is called through ``ctypes`` (which releases the
-GIL for the call) and returns False where the call is unavailable or fails; the caller then
-simply goes on without it: it is never needed for correctness, only for speed.
+them, and ``mincore`` says whether memory's pages are mapped already (memory the allocator
+recycled), so that only fresh pages are worth mapping ahead
+(:mod:`simulator.ckptio.prefault`). They are called through ``ctypes`` (which releases the
+GIL for the call) and answer False where the call is unavailable or fails; the caller then
+simply goes on without them: they are never needed for correctness, only for speed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 
 _MADV_POPULATE_WRITE = 23  # <linux/mman.h>
@@ -29,7 +32,13 @@ if _madvise is not None:
     _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     _madvise.restype = ctypes.c_int
 
+_mincore = getattr(_LIBC, "mincore", None)
+if _mincore is not None:
+    _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    _mincore.restype = ctypes.c_int
+
 HAVE_POPULATE = _madvise is not None
+_PAGE = mmap.PAGESIZE
 
 
 def populate_write(address: int, nbytes: int) -> bool:
@@ -39,3 +48,15 @@ def populate_write(address: int, nbytes: int) -> bool:
     if _madvise is None:
         return False
     return _madvise(address, nbytes, _MADV_POPULATE_WRITE) == 0
+
+
+def resident(address: int, nbytes: int) -> bool:
+    """Whether every page of ``[address, address + nbytes)`` (``address`` page-aligned) is
+    mapped already. False where unknown (no such call, an error)."""
+    if _mincore is None or nbytes <= 0:
+        return False
+    pages = -(-nbytes // _PAGE)
+    vector = ctypes.create_string_buffer(pages)
+    if _mincore(address, nbytes, vector) != 0:
+        return False
+    return b"\x00" not in vector.raw[:pages]  # bit 0 of each byte: that page is resident

@@ -99,7 +99,8 @@ class LocalBackend:
     def read(self, ckpt_dir: Path, template: dict) -> dict:
         ckpt_dir = Path(ckpt_dir)
         refuse_pickles(ckpt_dir)
-        tensors, tree = ckptio.read_checkpoint(ckpt_dir, verify=False)
+        # Every CRC-32 checked in the pass that loads (the choice checked only the structure).
+        tensors, tree = ckptio.read_checkpoint(ckpt_dir, verify=True)
         try:
             return unflatten(tensors, tree)
         except CorruptCheckpoint as exc:

@@ -839,10 +839,17 @@ class AdaptiveCheckpointer(TierMixin):
             tidy=self._lock.held,
             skip=frozenset(self._rejected),
             ignore=self.ignore_config_keys,
+            checksums_at_load=self._checksums_at_load,
         )
         for name, line in rejected.items():
             self._note_rejected(name, line)
         return choice
+
+    @property
+    def _checksums_at_load(self) -> bool:
+        """Whether the backend's read checks every CRC-32 as it loads (LocalBackend: one pass
+        over the checkpoint), so the choice need not read it all first."""
+        return type(self.backend) is LocalBackend
 
     def _nothing_to_restore(self) -> None:
         """No intact checkpoint: refuse when some were rejected (unless a fresh start is

@@ -257,6 +257,7 @@ def choose_checkpoint(
     tidy: bool = True,
     skip: frozenset[str] = frozenset(),
     ignore: tuple[str, ...] = (),
+    checksums_at_load: bool = False,
 ) -> tuple[str | None, dict[str, str]]:
     """Rank 0: the newest checkpoint that verifies and fits ``config`` (None when none does),
     and the checkpoints rejected on the way (name: a one-line report).
@@ -264,7 +265,10 @@ def choose_checkpoint(
     ``tidy``: this process holds the directory's lock, so it may clean up and move rejected
     checkpoints aside; without it (a read-only directory) nothing is written. ``skip``: names
     rejected earlier in this restore that could not be moved. ``ignore``: configuration keys that
-    may differ.
+    may differ. ``checksums_at_load``: the caller loads the choice with
+    ``ckptio.read_checkpoint(verify=True)``, which checks every CRC-32 in the one pass that
+    loads it (a mismatch then rejects it there), so only the structure and ``meta.json``'s
+    CRC (read here) are checked now: a restore reads the checkpoint once, not twice.
     """
     if tidy:
         storage.remove_unfinished()
@@ -294,7 +298,10 @@ def choose_checkpoint(
             continue
         try:
             local = storage.local_copy(name)
-            verify_once(local)
+            if checksums_at_load:
+                ckptio.verify_structure(local, ckptio.META_FILE)
+            else:
+                verify_once(local)
         except CorruptCheckpoint as exc:
             rejected[name] = reject(storage, name, "corrupt", str(exc), move=tidy)
             continue

@@ -369,6 +369,7 @@ class TierMixin:
             tidy=True,  # this run's own directory on this host (module docstring)
             skip=frozenset(self._local_rejected),
             ignore=self.ignore_config_keys,
+            checksums_at_load=self._checksums_at_load,
         )
         for name, line in rejected.items():
             self._note_local_rejected(name, line)
