@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -411,7 +412,8 @@ def test_prefaulter_maps_fresh_pages_ahead_of_the_reader_and_never_changes_a_byt
 
     kept = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB of values that must survive
     expected = kept.clone()
-    fresh = torch.empty(48 << 20, dtype=torch.uint8)  # a mapping of its own, no page touched
+    # A mapping of its own, no page touched (torch.empty may get pages another test touched).
+    fresh = torch.frombuffer(mmap.mmap(-1, 48 << 20), dtype=torch.uint8)
     with Prefaulter([kept, fresh]) as prefault:
         prefault.ready(kept.nbytes + fresh.nbytes)  # the reader's wait: every page mapped
         # The pages of ``kept`` were mapped already (mincore): left out, only fresh's mapped.

@@ -202,7 +202,15 @@ def test_ctrl_c_stops_worker_processes_at_once_and_keeps_no_output(tmp_path, com
     else:
         argv += ["--replicas", "2000", "--vary", "checkpoint_s=lin:30:90:400", "--engine", "des"]
     argv += ["--max-core-hours", "1000", "--out", str(out)]
-    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # As in a terminal: SIGINT delivered, even where this test runs with it ignored (a job
+    # started in the background by a non-interactive shell, whose children inherit SIG_IGN).
+    proc = subprocess.Popen(
+        argv,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
