@@ -75,12 +75,7 @@ def verify_structure(path: str | os.PathLike, *members: str) -> None:
     caller reads before the load, e.g. ``meta.json``) match their CRC-32; the other files'
     checksums are left to :func:`read_checkpoint` with ``verify``, in the same single pass
     that loads them."""
-    path = Path(path)
-    files = _inspect(path)["files"]
-    for name in members:
-        if name in files:
-            entry = files[name]
-            _check_crc(path / name, _member_crc(path / name, entry["bytes"]), entry["crc32"])
+    _verify(Path(path), members)
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:
@@ -89,8 +84,14 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
 
     Contents are not parsed here (a file that is a pickle is for the caller to refuse as
     such); :func:`read_checkpoint` checks the tensor header and ``meta.json`` as it loads."""
-    path = Path(path)
-    for name, entry in _inspect(path)["files"].items():
+    _verify(Path(path), None)
+
+
+def _verify(path: Path, members: tuple[str, ...] | None) -> None:
+    """The structural rules, then the CRC-32 of ``members`` (None: every file)."""
+    files = _inspect(path)["files"]
+    for name in files if members is None else [m for m in members if m in files]:
+        entry = files[name]
         _check_crc(path / name, _member_crc(path / name, entry["bytes"]), entry["crc32"])
 
 

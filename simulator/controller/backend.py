@@ -70,6 +70,9 @@ class Backend(Protocol):
 class LocalBackend:
     """One process; the checkpoint is a :mod:`simulator.ckptio` directory."""
 
+    verifies_on_read = True
+    """:meth:`read` checks every CRC-32 as it loads, so a restore's choice need not read the
+    checkpoint first (``choose_checkpoint(checksums_at_load=True)``)."""
     rank = 0
     world_size = 1
 

@@ -847,9 +847,9 @@ class AdaptiveCheckpointer(TierMixin):
 
     @property
     def _checksums_at_load(self) -> bool:
-        """Whether the backend's read checks every CRC-32 as it loads (LocalBackend: one pass
-        over the checkpoint), so the choice need not read it all first."""
-        return type(self.backend) is LocalBackend
+        """Whether the backend's read checks every CRC-32 as it loads (one pass over the
+        checkpoint), so the choice need not read it all first: the backend says so."""
+        return bool(getattr(self.backend, "verifies_on_read", False))
 
     def _nothing_to_restore(self) -> None:
         """No intact checkpoint: refuse when some were rejected (unless a fresh start is
