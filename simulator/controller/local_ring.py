@@ -261,20 +261,11 @@ class Ring:
             problem = "no directory to stage it in"
         elif recv_from is not None:
             try:
-                for name in in_files:
-                    if "/" in name or unsafe_name(name) is not None:
-                        raise OSError(f"{name!r} is no file name of a checkpoint")
-                if into.exists() or into.is_symlink():
-                    _remove(into)
-                into.mkdir(parents=True)
-                for name in in_files:
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                    fds[name] = os.open(into / name, flags, 0o644)
+                fds = _staging(into, in_files)
             except OSError as exc:
                 problem = f"cannot stage it in {into}: {exc.strerror or exc}"
         sending: dict[str, int | None] = {}  # name -> open fd (None: unreadable)
-        outgoing = torch.empty(min(CHUNK_BYTES, max((n for *_, n in out_p), default=0)),
-                               dtype=torch.uint8)  # fmt: skip
+        outgoing = torch.empty(max((n for *_, n in out_p), default=0), dtype=torch.uint8)
         try:
             for i in range(max(len(out_p), len(in_p))):
                 works, buf = [], None
@@ -712,31 +703,51 @@ def _copy_checked(src: Path, files: dict, into: Path | None) -> str | None:
     """
     if into is None:
         return "no directory to stage it in"
+    fds: dict[str, int] = {}
     try:
-        if into.exists() or into.is_symlink():
-            _remove(into)
-        into.mkdir(parents=True)
+        fds = _staging(into, files)
         for name, (size, crc) in sorted(files.items()):
-            if "/" in name or unsafe_name(name) is not None:
-                raise OSError(f"{name!r} is no file name of a checkpoint")
             got, n = 0, 0
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
             src_fd = os.open(src / name, os.O_RDONLY | os.O_NOFOLLOW)
             try:
-                with os.fdopen(os.open(into / name, flags, 0o644), "wb") as out:
-                    while chunk := os.read(src_fd, min(CHUNK_BYTES, size + 1 - n)):
-                        got, n = crc32(chunk, got), n + len(chunk)
-                        if n > size:
-                            break
-                        out.write(chunk)
+                while chunk := os.read(src_fd, min(CHUNK_BYTES, size + 1 - n)):
+                    got, n = crc32(chunk, got), n + len(chunk)
+                    if n > size:
+                        break
+                    os.write(fds[name], chunk)
             finally:
                 os.close(src_fd)
             if (n, got) != (size, crc):
                 raise OSError(f"{name} does not match its manifest (size or CRC-32)")
     except OSError as exc:
+        for fd in fds.values():
+            os.close(fd)
         _remove(into)
         return f"cannot copy it from {src}: {exc.strerror or exc}"
+    for fd in fds.values():
+        os.close(fd)
     return None
+
+
+def _staging(into: Path, files) -> dict[str, int]:
+    """A fresh directory ``into`` with an empty file opened for writing for each of ``files``
+    (names checked to be plain checkpoint file names), as ``name -> fd``."""
+    for name in files:
+        if "/" in name or unsafe_name(name) is not None:
+            raise OSError(f"{name!r} is no file name of a checkpoint")
+    if into.exists() or into.is_symlink():
+        _remove(into)
+    into.mkdir(parents=True)
+    fds = {}
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        for name in files:
+            fds[name] = os.open(into / name, flags, 0o644)
+    except OSError:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds
 
 
 def _move_files(src: Path, dst: Path) -> None:
