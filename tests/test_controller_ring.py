@@ -40,6 +40,26 @@ STEP_S = 1.0  # every rank's fake clock: the local tier every 2 steps, the persi
 TIERS = {"local": 2.0, "persistent": 6.0}
 
 
+def _ring_checkpointer(base, model, opt, now: list, *, local: str = "host{rank}", **kw):
+    """A rank's checkpointer in these tests: the tiers' fixed schedule on a fake clock
+    (``now[0]``), persistent ``<base>/ckpt``, local ``<base>/<local>``."""
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller.distributed import DistributedBackend
+    from simulator.model.tiers import TierSchedule
+
+    return AdaptiveCheckpointer(
+        Path(base) / "ckpt",
+        model=model,
+        optimizer=opt,
+        policy=TierSchedule(dict(TIERS)),
+        backend=DistributedBackend(),
+        clock=lambda: now[0],
+        probe_steps=PROBE_STEPS,
+        local_dir=str(Path(base) / local),
+        **kw,
+    )
+
+
 def _worker(
     rank: int,
     world: int,
@@ -54,9 +74,7 @@ def _worker(
 ) -> None:
     from datetime import timedelta
 
-    from simulator.controller import AdaptiveCheckpointer, local_ring
-    from simulator.controller.distributed import DistributedBackend
-    from simulator.model.tiers import TierSchedule
+    from simulator.controller import local_ring
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -82,16 +100,8 @@ def _worker(
         opt = torch.optim.AdamW(ddp.parameters(), lr=0.05)
         torch.manual_seed(100 + rank)  # dropout differs per rank
         now = [0.0]
-        ckpt = AdaptiveCheckpointer(
-            Path(base) / "ckpt",
-            model=ddp,
-            optimizer=opt,
-            policy=TierSchedule(dict(TIERS)),
-            backend=DistributedBackend(),
-            clock=lambda: now[0],
-            probe_steps=PROBE_STEPS,
-            keep_last=2,
-            local_dir=str(Path(base) / ("shared" if shared else "host{rank}")),
+        ckpt = _ring_checkpointer(
+            base, ddp, opt, now, local="shared" if shared else "host{rank}", keep_last=2
         )
         start = ckpt.restore()
         stats = dict(ckpt.stats)
@@ -477,10 +487,7 @@ def _hung_worker(rank: int, port: int, base: str) -> None:
     snapshot; rank 0 writes its log to a file as it goes."""
     from datetime import timedelta
 
-    from simulator.controller import AdaptiveCheckpointer
-    from simulator.controller.distributed import DistributedBackend
     from simulator.controller.local_ring import Ring
-    from simulator.model.tiers import TierSchedule
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -494,16 +501,7 @@ def _hung_worker(rank: int, port: int, base: str) -> None:
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     now = [0.0]
-    ckpt = AdaptiveCheckpointer(
-        Path(base) / "ckpt",
-        model=model,
-        optimizer=opt,
-        policy=TierSchedule(dict(TIERS)),
-        backend=DistributedBackend(),
-        clock=lambda: now[0],
-        probe_steps=PROBE_STEPS,
-        local_dir=str(Path(base) / "host{rank}"),
-    )
+    ckpt = _ring_checkpointer(base, model, opt, now)
     ckpt.restore()
     for step in range(1, STEPS + 1):
         now[0] += STEP_S
