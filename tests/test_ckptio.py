@@ -471,3 +471,51 @@ def test_tensors_that_overlap_in_a_resealed_file_are_refused(tmp_path):
     manifest_file.write_text(json.dumps(manifest))
     with pytest.raises(CorruptCheckpoint, match="no gap or overlap"):
         read_checkpoint(tmp_path / "ck")
+
+
+def test_a_read_into_live_tensors_fills_those_that_fit_in_place_and_no_other(tmp_path):
+    state = _state(1)
+    write_checkpoint(tmp_path / "ck", state, META)
+    live = {k: torch.zeros_like(v) for k, v in state.items()}
+    wide = torch.zeros(128, 128)
+    into = (
+        dict(live)
+        | {
+            "model.w_bf16": torch.zeros(64, 33),  # another dtype
+            "optim.exp_avg": torch.zeros(64, 128),  # another shape, the same bytes
+            "data.index": torch.zeros(20, dtype=torch.int64)[::2],  # not contiguous
+            "model.w": wide[:, :64].T.contiguous().T,  # a transposed copy: not contiguous either
+        }
+    )
+    kept = {k: v.clone() for k, v in into.items()}
+    tensors, meta = read_checkpoint(tmp_path / "ck", verify=True, into=into)
+    assert meta == META and set(tensors) == set(state)
+    assert all(_bits_equal(tensors[k], state[k]) for k in state)
+    filled = {k for k in state if tensors[k] is into[k]}
+    assert filled == {"optim.step", "mask"}  # the empty tensor has no bytes to fill
+    for name in set(into) - filled:
+        assert _bits_equal(into[name].contiguous(), kept[name]), name  # left as it was
+
+
+def test_a_read_into_views_that_share_bytes_fills_none_of_them(tmp_path):
+    # Two views of one buffer, overlapping: filling one would write into the other.
+    state = {"a": torch.arange(6.0), "b": torch.arange(6.0) + 10, "c": torch.arange(3.0) + 20}
+    write_checkpoint(tmp_path / "ck", state, {})
+    buffer, apart = torch.zeros(9), torch.zeros(3)
+    into = {"a": buffer[0:6], "b": buffer[3:9], "c": apart}
+    tensors, _ = read_checkpoint(tmp_path / "ck", into=into)
+    assert torch.equal(buffer, torch.zeros(9))
+    assert tensors["c"] is apart and torch.equal(apart, state["c"])
+    assert all(torch.equal(tensors[k], state[k]) for k in state)
+
+
+def test_a_read_into_live_tensors_maps_no_fresh_memory_for_them(tmp_path):
+    # The reason for reading in place: memory the process holds needs no page mapped.
+    big = {"w": torch.randn(4096, 1024), "m": torch.randn(4096, 1024)}  # 2 x 16 MB
+    write_checkpoint(tmp_path / "ck", big, {})
+    live = {k: torch.zeros_like(v) for k, v in big.items()}
+    before = _minor_faults()
+    tensors, _ = read_checkpoint(tmp_path / "ck", verify=True, into=live)
+    faults = _minor_faults() - before
+    assert all(tensors[k] is live[k] and torch.equal(live[k], big[k]) for k in big)
+    assert faults < 1000  # a fresh 32 MB would map 8,192 pages

@@ -234,8 +234,17 @@ def test_job_killed_twice_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
     for k in (1, 2):
         last_saved = max(e["step"] for e in events if e["event"] == "save_end" and e["attempt"] < k)
         assert readies[k]["step"] == last_saved > 0
+    # A launch's work ends at its failure (the supervisor's "fail"): a step it logged in the
+    # instant before the SIGKILL landed is no work it kept, for the accounting or here.
+    sup = [json.loads(line) for line in (killed / SUPERVISOR_LOG).read_text().splitlines()]
+    fail_t = {e["attempt"]: e["t"] for e in sup if e["event"] == "fail"}
     last_step = [
-        max(e["step"] for e in events if e["event"] == "step" and e["attempt"] == k) for k in (0, 1)
+        max(
+            e["step"]
+            for e in events
+            if e["event"] == "step" and e["attempt"] == k and e["t"] <= fail_t[k]
+        )
+        for k in (0, 1)
     ]
     assert acc.lost_steps == sum(last_step[k] - readies[k + 1]["step"] for k in (0, 1))
     assert len(saved) > 3

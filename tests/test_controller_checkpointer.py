@@ -392,3 +392,59 @@ def test_a_script_that_never_calls_close_is_a_clean_stop_only_if_it_exits_normal
     # The next session (here: one not in the log yet) counts a failure only after the crash.
     evidence = failure_evidence(read_events(tmp_path / "ck" / RUNLOG), exclude_session="next")
     assert evidence.failures == (0 if ending == "exit" else 1)
+
+
+def _damage_weights(directory, step):
+    """Flip bytes in the middle of a checkpoint's tensor data (same size): the in-place read
+    has filled tensors with them before the CRC-32 says no."""
+    tensors = directory / checkpoint_name(step) / ckptio.TENSOR_FILE
+    data = bytearray(tensors.read_bytes())
+    for i in range(len(data) // 2, len(data) - 8, 97):
+        data[i] ^= 0x5A
+    tensors.write_bytes(bytes(data))
+
+
+def test_a_restore_reads_into_the_live_model_and_optimizer_in_place(two_saves):
+    directory, snaps = two_saves
+    model, opt, sched = make_run(seed=99)
+    train(model, opt, sched)  # the optimizer holds moments: a rollback within a live process
+    where = {n: p.data_ptr() for n, p in model.named_parameters()}
+    moments = {id(v): v.data_ptr() for s in opt.state.values() for v in s.values() if v.dim()}
+    with checkpointer(directory, model, opt, sched) as ck:
+        assert ck.restore() == 2
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == where
+    after = [v.data_ptr() for s in opt.state.values() for v in s.values() if v.dim()]
+    assert sorted(after) == sorted(moments.values())  # filled, not replaced
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in snaps[2].items())
+
+
+def test_a_corrupt_newest_read_in_place_then_falls_back_to_an_exact_previous_one(two_saves):
+    directory, _ = two_saves
+    model, opt, sched = make_run()
+    train(model, opt, sched)  # what the fixture's step 1 holds, the same draws
+    expected_model = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_moments = [v.clone() for s in opt.state.values() for v in s.values()]
+    _damage_weights(directory, 2)
+    model2, opt2, sched2 = make_run(seed=5)
+    train(model2, opt2, sched2, steps=3)  # other values everywhere, moments included
+    with pytest.warns(UserWarning, match="CRC-32"):
+        with checkpointer(directory, model2, opt2, sched2) as ck:
+            assert ck.restore() == 1
+    assert all(torch.equal(model2.state_dict()[k], v) for k, v in expected_model.items())
+    got = [v for s in opt2.state.values() for v in s.values()]
+    assert len(got) == len(expected_moments)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected_moments, strict=True))
+
+
+def test_with_allow_fresh_start_a_restore_that_finds_nothing_intact_leaves_the_model_as_it_was(
+    two_saves,
+):
+    directory, _ = two_saves
+    for step in (1, 2):
+        _damage_weights(directory, step)
+    model, opt, sched = make_run(seed=7)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.warns(UserWarning):
+        with checkpointer(directory, model, opt, sched, allow_fresh_start=True) as ck:
+            assert ck.restore() == 0
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())

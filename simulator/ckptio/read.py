@@ -19,7 +19,7 @@ import math
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -96,13 +96,26 @@ def _verify(path: Path, members: tuple[str, ...] | None) -> None:
 
 
 def read_checkpoint(
-    path: str | os.PathLike, *, verify: bool = True
+    path: str | os.PathLike,
+    *,
+    verify: bool = True,
+    into: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Load a checkpoint's tensors (on CPU) and meta (a JSON object).
 
     With ``verify`` the CRC-32 is computed over the very bytes loaded, each slice as it
     arrives, so a verified restore costs one pass over the disk, not two.
     Without it the structural checks of :func:`is_complete` still apply.
+
+    ``into``: tensors to read into in place, by the checkpoint's tensor names (the live state a
+    restore will load, as ``torch.distributed.checkpoint.load`` does): each one that is a
+    contiguous CPU tensor of the stored dtype and shape, overlapping no other, is filled and
+    returned itself; every other tensor is read into fresh memory. Reading into memory the
+    process holds already spares the restore the mapping of fresh pages (on a VM as slow as
+    the disk read) and the copy a ``load_state_dict`` would make. Should the read fail (a
+    :class:`CorruptCheckpoint`, a CRC mismatch), those tensors hold part of the checkpoint's
+    bytes: pass ``into`` only where a failed restore ends the run or is followed by one that
+    loads every one of them again.
     """
     path = Path(path)
     manifest = _inspect(path, layout=_CKPTIO)
@@ -110,7 +123,11 @@ def read_checkpoint(
     tensor_file, meta_file = path / TENSOR_FILE, path / META_FILE
     try:
         tensors, crc = _load_tensors(
-            tensor_file, files[TENSOR_FILE]["bytes"], manifest.get("tensors"), checksum=verify
+            tensor_file,
+            files[TENSOR_FILE]["bytes"],
+            manifest.get("tensors"),
+            checksum=verify,
+            into=into or {},
         )
     except (OSError, ValueError, TypeError, RuntimeError) as exc:
         raise CorruptCheckpoint(f"{tensor_file}: cannot be loaded: {shown(str(exc), 200)}") from exc
@@ -125,10 +142,16 @@ def read_checkpoint(
 
 
 def _load_tensors(
-    file: Path, size: int, count: int | None, *, checksum: bool
+    file: Path,
+    size: int,
+    count: int | None,
+    *,
+    checksum: bool,
+    into: Mapping[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], int | None]:
-    """Every tensor read straight from the file into its own fresh CPU tensor, in file order,
-    with the file's CRC-32 computed from the header and each slice just read.
+    """Every tensor read straight from the file into its own CPU tensor (``into``'s where it
+    fits, see :func:`_fillable`, else fresh), in file order, with the file's CRC-32 computed
+    from the header and each slice just read.
 
     One sequential pass of scatter reads (``readv``) of
     :data:`~simulator.ckptio.layout.READ_CHUNK` bytes each, straight into the tensors
@@ -155,7 +178,11 @@ def _load_tensors(
         # Every tensor is allocated before the first read (the specs tile the file's data, so
         # this is never more memory than the file holds), so that the prefault thread can map
         # their pages ahead of the reads that fill them.
-        tensors = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in specs}
+        fill = _fillable(specs, into)
+        tensors = {
+            name: fill[name] if name in fill else torch.empty(shape, dtype=dtype)
+            for name, dtype, shape in specs
+        }
         crc = crc32(header, crc32(head)) if checksum else None
         pos = 0
         with Prefaulter(list(tensors.values())) as prefault:
@@ -168,6 +195,36 @@ def _load_tensors(
                     for view in group:
                         crc = crc32(view, crc)
     return tensors, crc
+
+
+def _fillable(
+    specs: list[tuple[str, torch.dtype, list[int]]], into: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``into`` a restore may read into: a contiguous strided CPU tensor of the
+    stored name, dtype and shape, with no byte shared with another such tensor (two views of
+    one buffer, which a save stores apart, would each take the other's bytes)."""
+    fits = {}
+    for name, dtype, shape in specs:
+        t = into.get(name)
+        if (
+            isinstance(t, torch.Tensor)
+            and t.device.type == "cpu"
+            and t.layout == torch.strided
+            and t.dtype == dtype
+            and list(t.shape) == shape
+            and t.numel() > 0
+            and t.is_contiguous()
+            and not (t.is_conj() or t.is_neg())
+        ):
+            fits[name] = t
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes, name) for name, t in fits.items())
+    shared, reach, widest = set(), 0, None  # the furthest end so far, and whose
+    for start, end, name in spans:
+        if start < reach:
+            shared |= {name, widest}
+        if end > reach:
+            reach, widest = end, name
+    return {name: t for name, t in fits.items() if name not in shared}
 
 
 def _tensor_specs(

@@ -44,8 +44,12 @@ class Backend(Protocol):
         """Write this rank's part of ``state`` at ``tmp_dir``, every file fsynced."""
         ...
 
-    def read(self, ckpt_dir: Path, template: dict) -> dict:
+    def read(self, ckpt_dir: Path, template: dict, *, in_place: bool = True) -> dict:
         """Read the state back (``template``: the current state, for in-place loading).
+
+        With ``in_place`` the backend may read into ``template``'s tensors (whose values are
+        then unspecified should the read fail); without it, where it can, it leaves them as
+        they are.
 
         Raises CorruptCheckpoint when the files do not parse, UnsafeCheckpoint when one is a
         pickle the backend did not expect.
@@ -99,11 +103,16 @@ class LocalBackend:
         tensors, tree = flatten(state)
         ckptio.write_checkpoint(tmp_dir, tensors, tree)
 
-    def read(self, ckpt_dir: Path, template: dict) -> dict:
+    def read(self, ckpt_dir: Path, template: dict, *, in_place: bool = True) -> dict:
+        """The state in ``ckpt_dir``; with ``in_place``, read straight into the template's
+        tensors where they fit (:func:`simulator.ckptio.read_checkpoint`'s ``into``: the
+        model's parameters and buffers, an optimizer's existing moments), which spares the
+        fresh memory and the copy ``load_state_dict`` would make. Every CRC-32 is checked in
+        the pass that loads (the restore's choice checked only the structure)."""
         ckpt_dir = Path(ckpt_dir)
         refuse_pickles(ckpt_dir)
-        # Every CRC-32 checked in the pass that loads (the choice checked only the structure).
-        tensors, tree = ckptio.read_checkpoint(ckpt_dir, verify=True)
+        into = flatten(template)[0] if in_place else None
+        tensors, tree = ckptio.read_checkpoint(ckpt_dir, verify=True, into=into)
         try:
             return unflatten(tensors, tree)
         except CorruptCheckpoint as exc:

@@ -180,7 +180,10 @@ class AdaptiveCheckpointer(TierMixin):
     replaced by the rank.
 
     ``allow_fresh_start``: when the directory holds checkpoints but none is intact, restore
-    from step 0 with a warning instead of raising :class:`NoIntactCheckpoint`.
+    from step 0 with a warning instead of raising :class:`NoIntactCheckpoint`. Without it a
+    restore reads straight into the model's and optimizer's tensors (as DCP's load does: no
+    fresh memory, no second copy); with it into fresh memory, so that a fresh start finds them
+    as they were.
 
     ``optimizer_precision``: ``"fp32"`` (the default) saves the optimizer exactly; ``"bf16"``
     and ``"int8"`` (blockwise, per-block float32 scales) store its large moment tensors in
@@ -677,6 +680,8 @@ class AdaptiveCheckpointer(TierMixin):
         configuration or model, :class:`UnsafeCheckpoint` for a pickle. The run log records
         such a launch as ``refused``: it never trained, so it is no failure of the hardware.
         A refusal also closes the checkpointer (the lock is released; nothing is saved).
+        After one, the model's and optimizer's tensors may hold part of a checkpoint (the
+        restore reads into them, unless ``allow_fresh_start``): build them anew to use them.
         """
         try:
             step = self._load_newest()
@@ -712,7 +717,11 @@ class AdaptiveCheckpointer(TierMixin):
             else:
                 try:
                     local = store.local_copy(name)
-                    state = check_state(self.backend.read(local, template), where=name)
+                    # Straight into the live tensors, unless a restore that finds nothing
+                    # intact may go on from step 0 with them (a corrupt read leaves them
+                    # holding part of its bytes; any other failure ends the launch).
+                    state = self.backend.read(local, template, in_place=not self.allow_fresh_start)
+                    state = check_state(state, where=name)
                     state, lost = expand_state(state, where=name)
                 except CorruptCheckpoint as exc:
                     if self.backend.world_size > 1:

@@ -314,11 +314,13 @@ class DistributedBackend:
         if own or self.rank == 0:
             ckptio.fsync_dir(tmp_dir)
 
-    def read(self, ckpt_dir: Path, template: dict) -> dict:
+    def read(self, ckpt_dir: Path, template: dict, *, in_place: bool = True) -> dict:
         """The state saved in ``ckpt_dir``, loaded into ``template`` where it has the entries.
 
-        Collective. Returns the nested state dict (this rank's per-rank values back at the
-        top level), including entries the template lacks.
+        Always in place, DCP's load (``in_place`` is the protocol's and changes nothing: rank
+        0 has checked every CRC-32 before a distributed load starts). Collective. Returns the
+        nested state dict (this rank's per-rank values back at the top level), including
+        entries the template lacks.
         """
         return self._load(Path(ckpt_dir), template, own=False)
 
