@@ -372,28 +372,38 @@ def test_the_quick_goal_check_prints_both_goal_ratios_and_writes_no_report(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_restore_frees_the_state_it_replaces_before_its_clock_starts(tmp_path, monkeypatch):
-    # Only the restored copy is held (1x memory), and the memory the previous one frees is the
-    # allocator's to hand to the restore, as in a training process that restores in place of
-    # its state; a reference kept by the loop held two or three copies at once.
+@pytest.mark.parametrize("fmt", ["torch", "ckptsim"])
+def test_a_restore_frees_the_state_it_replaces_or_reads_into_it(tmp_path, monkeypatch, fmt):
+    # A format that builds a new state: only the restored copy is held (1x memory), and the
+    # memory the previous one frees is the allocator's to hand to the restore; a reference
+    # kept by the loop held two or three copies at once. ckptsim reads into the state's own
+    # tensors, as the controller's restore does: the same tensors, filled.
     import weakref
 
-    saved, alive_at_load = [], []
-    save, load = fmt_io.SAVERS["ckptsim"], fmt_io.LOADERS["ckptsim"]
+    saved, alive_at_load, same = [], [], []
+    save, load = fmt_io.SAVERS[fmt], fmt_io.LOADERS[fmt]
+
+    def first(state):  # the state's own tensor object (flatten's are detached aliases)
+        return next(iter(state["model"].values()))
 
     def saving(state, directory):
-        saved.append(weakref.ref(next(iter(flatten(state)[0].values()))))
+        saved.append((weakref.ref(first(state)), first(state).data_ptr()))
         return save(state, directory)
 
     def loading(directory, state=None):
-        alive_at_load.append(saved[-1]() is not None)
-        return load(directory, state)
+        alive_at_load.append(saved[-1][0]() is not None)
+        restored = load(directory, state)
+        same.append(first(restored).data_ptr() == saved[-1][1])
+        return restored
 
-    monkeypatch.setitem(fmt_io.SAVERS, "ckptsim", saving)
-    monkeypatch.setitem(fmt_io.LOADERS, "ckptsim", loading)
-    cfg = BenchConfig(directory=tmp_path, sizes=("300K",), formats=("ckptsim",), repeats=3)
+    monkeypatch.setitem(fmt_io.SAVERS, fmt, saving)
+    monkeypatch.setitem(fmt_io.LOADERS, fmt, loading)
+    cfg = BenchConfig(directory=tmp_path, sizes=("300K",), formats=(fmt,), repeats=3)
     run_benchmark(cfg, progress=False)
-    assert alive_at_load == [False] * 3
+    in_place = fmt in fmt_io.IN_PLACE
+    assert alive_at_load == [in_place] * 3
+    if in_place:
+        assert same == [True] * 3
 
 
 # -- reduced precision (ckptsim bench --optimizer-precision / --weights-precision) ------------

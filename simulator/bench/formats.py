@@ -231,7 +231,10 @@ def _save_ckptsim(state: Any, directory: Path) -> dict[str, float]:
 
 
 def _load_ckptsim(directory: Path, state: Any = None) -> Any:
-    tensors, meta = ckptio.read_checkpoint(directory, verify=True)
+    """Read into ``state``'s own tensors where they fit, as the controller's restore does
+    (``LocalBackend.read``); ``state`` None: into fresh memory."""
+    into = flatten(state)[0] if state is not None else None
+    tensors, meta = ckptio.read_checkpoint(directory, verify=True, into=into)
     return unflatten(tensors, meta["tree"])
 
 
@@ -325,8 +328,9 @@ def load_reduced(job: str, directory: Path) -> Any:
     return state
 
 
-IN_PLACE = frozenset({"dcp", "dcp-async"})
-"""Formats that restore into the existing tensors; the others build a new state, so the
-runner drops its own reference first to keep one copy of the state in memory."""
+IN_PLACE = frozenset({"dcp", "dcp-async", "ckptsim", "ckptsim-async"})
+"""Formats that restore into the existing tensors (DCP's load; ckptsim's, as the controller
+reads into the live model and optimizer); the others build a new state, so the runner drops
+its own reference first to keep one copy of the state in memory."""
 COPYING = frozenset({"dcp-async", "ckptsim-async"})
 """Formats whose save holds a second copy of the state in memory (the async staging)."""

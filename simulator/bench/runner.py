@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import os
 import platform
 import shutil
@@ -396,6 +397,7 @@ def _measure(job: str, held: list[Any], nbytes: int, where: Path, row: dict[str,
                 # Drop our reference so only the restored copy is held (1x memory at 1B), and
                 # before the clock starts: freeing the previous restore is no part of this one.
                 held.clear()
+                gc.collect()  # a saver's closure may hold it in a cycle a moment longer
                 fmt_io.drop_cache(where)
                 start = time.perf_counter()
                 held.append(loader(where))
