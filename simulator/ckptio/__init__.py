@@ -22,11 +22,12 @@ from one is that loading never executes code (safetensors and JSON only, never a
 The tensor file is written by the safetensors library straight from the tensors' memory; its
 CRC-32 (ISA-L's ``crc32``: the values of ``zlib.crc32`` at ~4x its speed; zlib's where ISA-L
 has no wheel) is computed from that memory in a thread while the file is flushed to the device.
-A restore allocates every tensor and fills them with 64 MB
-scatter reads (``readv``) straight into their buffers (no file mapping, whose page faults read
-a cold file at a fraction of the disk's speed), checks the CRC-32 of each slice in a thread
-while the next is read, and maps the fresh buffers' pages in another thread ahead of the reads
-(:mod:`.prefault`), so the reader mostly copies.
+A restore fills every tensor with 4 MB
+scatter reads (``readv``) straight into its buffer (no file mapping, whose page faults read a
+cold file at a fraction of the disk's speed) and checks the CRC-32 of each slice right after
+its read. The buffers are the caller's own tensors where they fit (``read_checkpoint``'s
+``into``: the live model and optimizer, as DCP's load fills them), else fresh ones, whose
+pages a thread maps ahead of the reads (:mod:`.prefault`), so the reader mostly copies.
 
 Asynchronous saves split in two: :func:`stage` copies the tensors into fresh contiguous CPU
 memory (pinned when CUDA is present) — that copy is the training stall — and
