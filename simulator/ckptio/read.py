@@ -122,13 +122,26 @@ def read_checkpoint(
     files = manifest["files"]
     tensor_file, meta_file = path / TENSOR_FILE, path / META_FILE
     try:
-        tensors, crc = _load_tensors(
-            tensor_file,
-            files[TENSOR_FILE]["bytes"],
-            manifest.get("tensors"),
-            checksum=verify,
-            into=into or {},
-        )
+        try:
+            tensors, crc = _load_tensors(
+                tensor_file,
+                files[TENSOR_FILE]["bytes"],
+                manifest.get("tensors"),
+                checksum=verify,
+                into=into or {},
+            )
+        except OSError as exc:
+            if exc.errno != errno.EFAULT or not into:
+                raise
+            # A destination the kernel cannot write (a read-only mapping): the live tensor's
+            # fault, not the checkpoint's, which must not be rejected for it. Read it fresh.
+            tensors, crc = _load_tensors(
+                tensor_file,
+                files[TENSOR_FILE]["bytes"],
+                manifest.get("tensors"),
+                checksum=verify,
+                into={},
+            )
     except (OSError, ValueError, TypeError, RuntimeError) as exc:
         raise CorruptCheckpoint(f"{tensor_file}: cannot be loaded: {shown(str(exc), 200)}") from exc
     meta_bytes = _read_member(meta_file, files[META_FILE]["bytes"])
@@ -201,8 +214,9 @@ def _fillable(
     specs: list[tuple[str, torch.dtype, list[int]]], into: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """The tensors of ``into`` a restore may read into: a contiguous strided CPU tensor of the
-    stored name, dtype and shape, with no byte shared with another such tensor (two views of
-    one buffer, which a save stores apart, would each take the other's bytes)."""
+    stored name, dtype and shape, not in shared memory, with no byte shared with another such
+    tensor (two views of one buffer, which a save stores apart, would each take the other's
+    bytes)."""
     fits = {}
     for name, dtype, shape in specs:
         t = into.get(name)
@@ -215,6 +229,9 @@ def _fillable(
             and t.numel() > 0
             and t.is_contiguous()
             and not (t.is_conj() or t.is_neg())
+            # Shared memory (share_memory_(), a file mapped shared) is seen by other processes
+            # or outlives this one: it must not hold a checkpoint's bytes before their CRC-32.
+            and not t.is_shared()
         ):
             fits[name] = t
     spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes, name) for name, t in fits.items())

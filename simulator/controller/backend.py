@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from simulator import ckptio
 from simulator.controller.integrity import CorruptCheckpoint, refuse_pickles
-from simulator.controller.state import flatten, unflatten
+from simulator.controller.state import flatten, tensor_places, unflatten
 
 __all__ = ["Backend", "LocalBackend"]
 
@@ -111,9 +111,37 @@ class LocalBackend:
         the pass that loads (the restore's choice checked only the structure)."""
         ckpt_dir = Path(ckpt_dir)
         refuse_pickles(ckpt_dir)
-        into = flatten(template)[0] if in_place else None
+        into, places = _loaded_into(template) if in_place else ({}, {})
         tensors, tree = ckptio.read_checkpoint(ckpt_dir, verify=True, into=into)
+        if into:
+            # The tree, not a tensor's name, says where it goes: one the checkpoint places
+            # elsewhere than the template would be a load's source after another load has
+            # written into it (two names swapped: both layers end with one's values).
+            stored = tensor_places(tree)
+            for key, t in tensors.items():
+                if t is into.get(key) and stored.get(key) != places[key]:
+                    tensors[key] = t.clone()
         try:
             return unflatten(tensors, tree)
         except CorruptCheckpoint as exc:
             raise CorruptCheckpoint(f"{ckpt_dir.name}: {exc}") from None
+
+
+_LOADED_INTO = frozenset({"model", "optimizer"})
+"""The template's sections a restore loads into (``load_state_dict`` copies into the model's
+tensors, the optimizer's replace its own): the others' tensors are replaced (``extra`` values:
+a prefetched batch may be a view of the data set) or go to an object's own ``load_state_dict``,
+so a read must not write into them."""
+
+
+def _loaded_into(template: dict) -> tuple[dict, dict]:
+    """The template's tensors an in-place read may fill (those of :data:`_LOADED_INTO` only),
+    and where each sits in the template's tree."""
+    tensors, tree = flatten(template)
+    places = tensor_places(tree)
+    into = {
+        key: t
+        for key, t in tensors.items()
+        if places.get(key) and all(path[0] in _LOADED_INTO for path in places[key])
+    }
+    return into, places

@@ -49,6 +49,7 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "stage",
+    "tensor_places",
     "unflatten",
 ]
 
@@ -398,6 +399,29 @@ def flatten(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
     f = _Flattener()
     tree = f.encode(state, ())
     return f.tensors, tree
+
+
+def tensor_places(tree: Any) -> dict[str, frozenset[tuple]]:
+    """Where each tensor key of a :func:`flatten` tree sits in the state, as paths (dict keys
+    and list positions; a non-string-keyed dict's keys where they are plain). Any JSON is
+    walked (a checkpoint's tree is untrusted); what is no tensor reference is passed over."""
+    places: dict[str, set[tuple]] = {}
+    pending = [(tree, ())]
+    while pending:
+        node, path = pending.pop()
+        if isinstance(node, list):
+            pending += [(v, (*path, i)) for i, v in enumerate(node) if type(v) not in _PLAIN]
+        elif isinstance(node, dict):
+            if len(node) == 1 and isinstance(node.get("__tensor__"), str):
+                places.setdefault(node["__tensor__"], set()).add(path)
+            elif len(node) == 1 and isinstance(node.get("__dict__"), list):
+                for i, pair in enumerate(node["__dict__"]):
+                    if isinstance(pair, list) and len(pair) == 2:
+                        key = pair[0] if type(pair[0]) in _PLAIN else ("__key__", i)
+                        pending += [(pair[0], (*path, ("__key__", i))), (pair[1], (*path, key))]
+            else:
+                pending += [(v, (*path, k)) for k, v in node.items()]
+    return {key: frozenset(paths) for key, paths in places.items()}
 
 
 def unflatten(tensors: Mapping[str, torch.Tensor], tree: Any) -> Any:
