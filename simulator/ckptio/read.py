@@ -14,6 +14,7 @@ reason, which a caller treats as "fall back to an older checkpoint".
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import os
@@ -109,11 +110,11 @@ def read_checkpoint(
 
     ``into``: tensors to read into in place, by the checkpoint's tensor names (the live state a
     restore will load, as ``torch.distributed.checkpoint.load`` does): each one that is a
-    contiguous CPU tensor of the stored dtype and shape, overlapping no other, is filled and
-    returned itself; every other tensor is read into fresh memory. Reading into memory the
-    process holds already spares the restore the mapping of fresh pages (on a VM as slow as
-    the disk read) and the copy a ``load_state_dict`` would make. Should the read fail (a
-    :class:`CorruptCheckpoint`, a CRC mismatch), those tensors hold part of the checkpoint's
+    contiguous CPU tensor of the stored dtype and shape, unshared, overlapping no other, is
+    filled and returned itself; every other tensor is read into fresh memory. Reading into
+    memory the process holds already spares the restore the mapping of fresh pages (on a VM as
+    slow as the disk read) and the copy a ``load_state_dict`` would make. Should the read fail
+    (a :class:`CorruptCheckpoint`, a CRC mismatch), those tensors hold part of the checkpoint's
     bytes: pass ``into`` only where a failed restore ends the run or is followed by one that
     loads every one of them again.
     """
@@ -121,27 +122,22 @@ def read_checkpoint(
     manifest = _inspect(path, layout=_CKPTIO)
     files = manifest["files"]
     tensor_file, meta_file = path / TENSOR_FILE, path / META_FILE
+    load = functools.partial(
+        _load_tensors,
+        tensor_file,
+        files[TENSOR_FILE]["bytes"],
+        manifest.get("tensors"),
+        checksum=verify,
+    )
     try:
         try:
-            tensors, crc = _load_tensors(
-                tensor_file,
-                files[TENSOR_FILE]["bytes"],
-                manifest.get("tensors"),
-                checksum=verify,
-                into=into or {},
-            )
+            tensors, crc = load(into=into or {})
         except OSError as exc:
             if exc.errno != errno.EFAULT or not into:
                 raise
             # A destination the kernel cannot write (a read-only mapping): the live tensor's
             # fault, not the checkpoint's, which must not be rejected for it. Read it fresh.
-            tensors, crc = _load_tensors(
-                tensor_file,
-                files[TENSOR_FILE]["bytes"],
-                manifest.get("tensors"),
-                checksum=verify,
-                into={},
-            )
+            tensors, crc = load(into={})
     except (OSError, ValueError, TypeError, RuntimeError) as exc:
         raise CorruptCheckpoint(f"{tensor_file}: cannot be loaded: {shown(str(exc), 200)}") from exc
     meta_bytes = _read_member(meta_file, files[META_FILE]["bytes"])
