@@ -184,10 +184,11 @@ def _passes(samples: list[dict]) -> str:
 def _goal_lines(result: BenchResult) -> list[str]:
     lines = [
         "A goal is **met** only when every measured size meets it with its whole 95 % interval "
-        "over repeats (Student's t on the per-repeat ratio, each repeat's format against the "
-        "raw write or synchronous save of the same repeat); **not met** when some size's mean "
-        "misses it; **not shown** otherwise (an interval straddles the goal, or a size ran "
-        "once and has no interval).",
+        "over repeats (the distribution-free interval of the median per-repeat ratio, each "
+        "repeat's format against the raw write or read beside it or the synchronous save of "
+        "the same repeat); **not met** when some size's median misses it; "
+        "**not shown** otherwise (an interval straddles the goal, or a size ran fewer than 6 "
+        "repeats and has no interval).",
         "",
     ]
     for name, g in result.goals.items():
@@ -195,12 +196,16 @@ def _goal_lines(result: BenchResult) -> list[str]:
         lines += [
             f"- `{name}` (goal {bound}): **{g['verdict']}**.",
             "",
-            "  | size | dtype | repeats | mean | 95 % interval |",
+            "  | size | dtype | repeats | median | 95 % interval |",
             "  |---|---|---|---|---|",
         ]
         for p in g["per_size"]:
-            ci = "— (one repeat)" if p["n"] < 2 else f"{p['low']:.3f} to {p['high']:.3f}"
-            lines.append(f"  | {p['size']} | {p['dtype']} | {p['n']} | {p['mean']:.3f} | {ci} |")
+            ci = (
+                "— (too few repeats)"
+                if p["low"] != p["low"]
+                else f"{p['low']:.3f} to {p['high']:.3f}"
+            )
+            lines.append(f"  | {p['size']} | {p['dtype']} | {p['n']} | {p['median']:.3f} | {ci} |")
         lines.append("")
     return lines
 

@@ -108,9 +108,9 @@ def _plot_ratios(goals):
             first = i == 0
             ax.scatter(x, values, s=16, color="C0", alpha=0.7, edgecolors="black",
                        linewidths=0.3, zorder=3, label="one repeat" if first else None)  # fmt: skip
-            span = [[p["mean"] - p["low"]], [p["high"] - p["mean"]]]
-            ax.errorbar(i + 0.3, p["mean"], yerr=span, fmt="D", color="C3", capsize=4, zorder=4,
-                        label="mean, 95 % interval" if first else None)  # fmt: skip
+            span = [[p["median"] - p["low"]], [p["high"] - p["median"]]]
+            ax.errorbar(i + 0.3, p["median"], yerr=span, fmt="D", color="C3", capsize=4,
+                        zorder=4, label="median, 95 % interval" if first else None)  # fmt: skip
         ax.axhline(g["goal_min"], color="black", ls="--", lw=1, label=f"goal {g['goal_min']:.0%}")
         ax.set_xticks(range(len(g["per_size"])), [p["size"] for p in g["per_size"]])
         ax.set_xlabel("model size (parameters)")
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{what} >= {g['goal_min']:.0%}: {g['verdict']}")
             for p in g["per_size"]:
                 values = " ".join(f"{v:.2f}" for v in p["values"])
-                print(f"  {p['size']}: mean {p['mean']:.2f} [{p['low']:.2f}, {p['high']:.2f}] "
+                print(f"  {p['size']}: median {p['median']:.2f} [{p['low']:.2f}, {p['high']:.2f}] "
                       f"over {p['n']} repeats: {values}")  # fmt: skip
         print(f"({took:.0f} s; load average {load_before:.1f} before, "
               f"{os.getloadavg()[0]:.1f} after)")  # fmt: skip
@@ -255,15 +255,16 @@ def main(argv: list[str] | None = None) -> int:
             f"## {title}",
             "",
             f"Goal: {what} ≥ {g['goal_min']:.0%}. Verdict by the project's rule (every size's "
-            f"whole 95 % interval): **{g['verdict']}**.",
+            f"median's whole 95 % interval): **{g['verdict']}**.",
             "",
-            f"| size | repeats | mean {what} | 95 % interval | lowest, highest repeat |",
-            "|---|---|---|---|---|",
+            f"| size | repeats | median {what} | its 95 % interval | mean | lowest, highest "
+            "repeat |",
+            "|---|---|---|---|---|---|",
         ]
         for p in g["per_size"]:
             lines.append(
-                f"| {p['size']} | {p['n']} | {p['mean']:.2f} | {p['low']:.2f} to {p['high']:.2f} "
-                f"| {min(p['values']):.2f}, {max(p['values']):.2f} |"
+                f"| {p['size']} | {p['n']} | {p['median']:.2f} | {p['low']:.2f} to {p['high']:.2f} "
+                f"| {p['mean']:.2f} | {min(p['values']):.2f}, {max(p['values']):.2f} |"
             )
         lines.append("")
         if goal == "restore_ratio_to_raw":

@@ -107,11 +107,11 @@ def _raw_read_buffer() -> memoryview:
     return memoryview(_READ_BUFFER)
 
 
-def raw_read(directory: Path) -> float:
-    """Seconds to read the raw file back from disk (page cache dropped first), 64 MB at a
-    time into one buffer mapped in advance, with the restore's readahead hint
-    (``POSIX_FADV_SEQUENTIAL``, which doubles the window): the disk's speed, whatever the
-    allocator holds.
+def raw_read(directory: Path, name: str = "raw.bin") -> float:
+    """Seconds to read the file ``name`` in ``directory`` back from disk (the directory's
+    pages dropped first), 64 MB at a time into one buffer mapped in advance, with the restore's
+    readahead hint (``POSIX_FADV_SEQUENTIAL``, which doubles the window): the disk's speed,
+    whatever the allocator holds.
 
     (``f.read(64 MB)``, a fresh buffer per call, measured the allocator as much as the disk:
     inside the benchmark loop it reused freed heap memory and mapped no page, in a fresh
@@ -120,7 +120,7 @@ def raw_read(directory: Path) -> float:
     buf = _raw_read_buffer()
     drop_cache(directory)
     start = time.perf_counter()
-    with open(directory / "raw.bin", "rb", buffering=0) as f:
+    with open(directory / name, "rb", buffering=0) as f:
         if hasattr(os, "posix_fadvise"):  # the readahead hint the restore gives its file
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while f.readinto(buf):

@@ -216,9 +216,10 @@ def format_table(result) -> str:
     restore = result.goals.get("restore_ratio_to_raw")
     if restore:
         lines.append(
-            "restore/raw-read ratio, same run, per-repeat pairs (mean [95% interval]): "
+            "restore/raw-read ratio, same run, each restore beside a raw read of its own file "
+            "(median [95% interval]): "
             + ", ".join(
-                f"{p['size']} {p['dtype']} {p['mean']:.2f}"
+                f"{p['size']} {p['dtype']} {p['median']:.2f}"
                 + (
                     "" if p["low"] != p["low"] else f" [{p['low']:.2f}, {p['high']:.2f}]"
                 )  # NaN: 1 repeat
