@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "## Results",
         "",
         "| ratio | median | its 95 % interval | mean | per pair |",
-        "|---|---|---|---|",
+        "|---|---|---|---|---|",
     ]
     for key, values in ratios.items():
         median, low, high = summary[key]
