@@ -217,13 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         "memory, its CRC-32 (ISA-L) computed from that memory in a thread while the file is "
         "fsync'ed, `meta.json` and the manifest fsync'ed, the directory fsync'ed, renamed, the "
         "parent fsync'ed. The raw baseline writes the same number of bytes from one 64 MB buffer "
-        "with `os.write`, then fsyncs the file and its directory, right before or right after "
-        "the save (swapped every other repeat), the other file's pages released first (a "
-        "write into page cache the guest has not used lately most likely waits for the host "
-        "to map it back in: this VM's balloon device reports free pages to the host, and such "
-        "a write ran 6-15x slower). Before the first repeat of each size one untimed raw "
+        "with `os.write`, then fsyncs the file and its directory: the raw job of the same "
+        "repeat (jobs rotated by repeat). Before the first repeat of each size one untimed raw "
         "write of the state's size (the first large write after the state is built is slow "
-        "for the same reason and would always fall on the baseline).",
+        "for reasons of its own and would always fall on the baseline). A raw write timed "
+        "right beside each save was tried and left out: at 1.2 GB it took about twice the raw "
+        "job's time in either order, for reasons not found, which would have flattered the "
+        "save.",
         "- Restore: the saved files are fsync'ed and their pages dropped with "
         "`posix_fadvise(POSIX_FADV_DONTNEED)` (no root: `drop_caches` is not used, so a cache "
         "below this VM may still serve some reads), then `ckptio.read_checkpoint(verify=True, "
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "(`POSIX_FADV_SEQUENTIAL`): the disk's speed. Each load's minor page faults are counted "
         "(all threads, the prefault thread's included). The table's `raw` row is the raw job "
         "of each repeat (a file of its own, jobs rotated by repeat), as for every other format.",
-        "- Goals: each repeat's ratio is formed from that pair (bandwidth, higher is better); "
+        "- Goals: each repeat's ratio is formed from its pair (bandwidth, higher is better); "
         "a size's verdict is from the median over repeats and its distribution-free 95 % "
         "interval (order statistics, `simulator.engines.results.median_ci`), since single "
         "operations on this shared VM stall 3-6x now and then (the lowest and highest repeat "
