@@ -244,10 +244,12 @@ def test_restore_is_judged_against_the_raw_read_of_the_same_repeat(tmp_path, cap
     restore = json.loads(capsys.readouterr().out)["goals"]["restore_ratio_to_raw"]
     assert restore["goal_min"] == 0.9
     assert [(p["size"], p["n"]) for p in restore["per_size"]] == [("300K", 2), ("1M", 2)]
-    assert all(p["mean"] > 0 for p in restore["per_size"])
-    # The per-repeat ratios behind each interval are kept (the report's figure plots them).
+    assert all(p["median"] > 0 and p["expected"] > 0 for p in restore["per_size"])
+    # The per-repeat ratios behind each interval are kept (the report's figure plots them);
+    # the expected cost is the mean time ratio, turned back into a bandwidth ratio.
     for p in restore["per_size"]:
-        assert len(p["values"]) == 2 and p["mean"] == pytest.approx(sum(p["values"]) / 2)
+        times = [1 / v for v in p["values"]]
+        assert len(p["values"]) == 2 and p["expected"] == pytest.approx(2 / sum(times))
 
 
 def test_each_restore_is_judged_against_a_raw_read_of_its_own_file_right_beside_it(
@@ -291,6 +293,81 @@ def test_each_restore_is_judged_against_a_raw_read_of_its_own_file_right_beside_
     ]
     assert result.goals["writer_ratio_to_raw"]["per_size"][0]["values"] == pytest.approx(save)
     assert "raw_pair_save_s" not in rows[0]
+
+
+def _samples(restore_ratios, *, raw_pair_save_s=None):
+    """Stored-profile samples: per repeat a raw job (1 s each way) and a ckptsim save of 1 s
+    with a restore timed against a raw read of its own file at the given ratio."""
+    samples = []
+    for rep, ratio in enumerate(restore_ratios):
+        base = dict(size="1M", dtype="fp32", repeat=rep, params=10, tensor_bytes=100)
+        samples.append(base | dict(format="raw", save_s=1.0, bytes=100, load_s=1.0))
+        row = dict(format="ckptsim", save_s=1.0, bytes=100, load_s=1.0 / ratio)
+        row |= dict(raw_pair_load_s=1.0, raw_pair_load_bytes=100)
+        if raw_pair_save_s is not None:  # what some profiles of 2026-12-06 hold
+            row |= dict(raw_pair_save_s=raw_pair_save_s, raw_pair_save_bytes=100)
+        samples.append(base | row)
+    return samples
+
+
+def test_a_restore_slow_in_9_of_30_repeats_is_not_met_whatever_its_median():
+    from simulator.bench.runner import summarise
+
+    goal = summarise(_samples([0.95] * 21 + [0.32] * 9), [], {}).goals["restore_ratio_to_raw"]
+    (p,) = goal["per_size"]
+    assert p["low"] > 0.9  # the typical repeat clears the goal...
+    assert goal["verdict"] == "not met"  # ...the expected restore time does not
+    goal = summarise(_samples([0.95] * 30), [], {}).goals["restore_ratio_to_raw"]
+    assert goal["verdict"] == "met"
+
+
+def test_the_save_goal_ignores_a_raw_write_beside_the_save_that_was_found_biased():
+    # Review 2: profiles measured while a raw write ran beside each save (raw_pair_save_s,
+    # reverted as flattering) were still judged against it.
+    from simulator.bench.runner import summarise
+
+    goals = summarise(_samples([1.0] * 6, raw_pair_save_s=3.0), [], {}).goals
+    assert goals["writer_ratio_to_raw"]["per_size"][0]["values"] == [1.0] * 6  # the raw job's
+
+
+def test_the_cli_claims_a_raw_read_beside_each_restore_only_where_the_samples_hold_one():
+    from simulator.bench.runner import summarise
+    from simulator.cli.bench import format_table
+
+    data = json.loads(STORED_BENCH.read_text())  # measured before the pair (and s3 runs)
+    assert not any("raw_pair_load_s" in s for s in data["samples"])
+    out = format_table(summarise(data["samples"], [], data["machine"]))
+    assert "restore/raw-read ratio, same run, per repeat (median" in out
+    assert "beside a raw read of its own file" not in out
+    out = format_table(summarise(_samples([0.95] * 6), [], {"cpu_count": 2}))
+    assert "each restore beside a raw read of its own file" in out
+
+
+def test_the_paired_read_is_outside_the_restore_fault_count_and_the_restore_is_cold(
+    tmp_path, monkeypatch
+):
+    # From review 2: catches the raw-first read moved inside the restore's fault window, and
+    # the drop_cache right before an in-place restore removed (the restore would then read the
+    # file the raw read had just brought into the page cache).
+    from simulator import ckptio
+    from simulator.bench import runner
+
+    log = []
+    real_read, real_drop, real_load = fmt_io.raw_read, fmt_io.drop_cache, fmt_io.LOADERS["ckptsim"]
+    monkeypatch.setattr(runner, "_minor_faults", lambda: log.append("faults") or 0)
+    monkeypatch.setattr(
+        fmt_io,
+        "raw_read",
+        lambda d, name="raw.bin": log.append(f"read {name}") or real_read(d, name),
+    )
+    monkeypatch.setattr(fmt_io, "drop_cache", lambda d: log.append("drop") or real_drop(d))
+    monkeypatch.setitem(fmt_io.LOADERS, "ckptsim", lambda *a: log.append("load") or real_load(*a))
+    monkeypatch.setattr(runner, "interleaved", lambda *_: iter([(1, "raw"), (1, "ckptsim")]))
+    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=1)
+    run_benchmark(cfg, progress=False)  # repeat 1: the raw read first
+    pair, load = log.index("read " + ckptio.TENSOR_FILE), log.index("load")
+    assert pair < load and log[pair + 1 : load].count("faults") == 1  # read, then the window
+    assert "drop" in log[log.index("faults", pair) : load]  # the restore's own drop
 
 
 def test_writer_repeats_are_validated_and_default_to_repeats(tmp_path):

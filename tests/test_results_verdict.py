@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from simulator.display import format_duration, format_usd
-from simulator.engines.results import goal_verdict, mean_ci, median_ci
+from simulator.engines.results import (
+    goal_verdict,
+    mean_ci,
+    median_ci,
+    ratio_intervals,
+    ratio_verdict,
+)
 from simulator.errors import InputError
 
 
@@ -54,6 +62,40 @@ def test_one_stalled_repeat_moves_a_mean_interval_not_the_median_one():
     assert goal_verdict([median_ci(ratios)], at_least=0.9) == "met"
     # ...but a slowdown in most repeats is still seen.
     assert goal_verdict([median_ci([0.85] * 12 + [0.99] * 8)], at_least=0.9) == "not met"
+
+
+def test_a_ratio_that_is_not_a_number_never_makes_a_goal_met():
+    # Review 2: numpy sorts NaN last, so the median's bounds came from the finite values and
+    # a NaN centre was skipped: "met" from a failed measurement.
+    m, lo, hi = median_ci([0.95] * 10 + [math.nan])
+    assert math.isnan(m) and math.isnan(lo) and math.isnan(hi)
+    assert ratio_verdict([ratio_intervals([0.95] * 10 + [math.nan], rate=True)], at_least=0.9) == (
+        "not shown"
+    )
+
+
+def test_a_slow_path_in_a_minority_of_repeats_fails_the_expected_cost():
+    # Review 2: a restore 3x slower in 9 of 30 repeats costs every failure on average 1.6x the
+    # goal's time; the median and its interval (ranks 10 and 21 of 30) never see it.
+    ratios = [0.95] * 21 + [0.95 / 3] * 9
+    p = ratio_intervals(ratios, rate=True)
+    assert (p["median"], p["low"], p["high"]) == (0.95, 0.95, 0.95)
+    assert p["expected"] == pytest.approx(1 / (21 / 30 / 0.95 + 9 / 30 * 3 / 0.95))
+    assert p["expected"] < 0.6 and ratio_verdict([p], at_least=0.9) == "not met"
+    # The same repeats with the baseline stalled instead (ratio 3x high): the code is not slow,
+    # the expected time ratio falls, and both views clear the goal.
+    p = ratio_intervals([0.95] * 21 + [0.95 * 3] * 9, rate=True)
+    assert p["expected_low"] > 0.9 and ratio_verdict([p], at_least=0.9) == "met"
+
+
+def test_expected_cost_of_a_time_ratio_is_its_plain_mean():
+    # A stall over a save is a time already: its expectation is the mean, bounds as mean_ci's.
+    stalls = [0.05, 0.06, 0.07, 0.05, 0.06, 0.07]
+    p = ratio_intervals(stalls, rate=False)
+    assert (p["expected"], p["expected_low"], p["expected_high"]) == mean_ci(stalls)
+    assert ratio_verdict([p], at_most=0.1) == "met"
+    one_slow = ratio_intervals([*stalls[:-1], 0.6], rate=False)
+    assert ratio_verdict([one_slow], at_most=0.1) != "met"
 
 
 def test_no_points_or_no_bound_is_refused_or_not_shown():

@@ -87,7 +87,8 @@ def register(subparsers) -> None:
         type=positive_int,
         default=3,
         metavar="K",
-        help=f"repeats per size and format (default 3, at most {MAX_REPEATS})",
+        help=f"repeats per size and format (default 3, at most {MAX_REPEATS}); the goal "
+        "verdicts need 6 or more for the median's 95%% interval, else they read 'not shown'",
     )
     p.add_argument(
         "--writers",
@@ -163,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interval(low: float, high: float) -> str:
+    """`` [low, high]``, or nothing where there is no interval (too few repeats: NaN)."""
+    return "" if low != low or high != high else f" [{low:.2f}, {high:.2f}]"
+
+
 def format_table(result) -> str:
     """The human summary: the raw disk's figure, then one line per (size, dtype, format).
 
@@ -215,14 +221,16 @@ def format_table(result) -> str:
     )
     restore = result.goals.get("restore_ratio_to_raw")
     if restore:
+        # Say "beside a raw read of its own file" only where the samples hold that pair (not an
+        # object store's run, nor a profile measured before it).
+        paired = any("raw_pair_load_s" in s for s in result.samples)
+        beside = ", each restore beside a raw read of its own file" if paired else ""
         lines.append(
-            "restore/raw-read ratio, same run, each restore beside a raw read of its own file "
-            "(median [95% interval]): "
+            f"restore/raw-read ratio, same run, per repeat{beside} (median, then expected from "
+            "the mean time, each [95% interval]): "
             + ", ".join(
-                f"{p['size']} {p['dtype']} {p['median']:.2f}"
-                + (
-                    "" if p["low"] != p["low"] else f" [{p['low']:.2f}, {p['high']:.2f}]"
-                )  # NaN: 1 repeat
+                f"{p['size']} {p['dtype']} {p['median']:.2f}{_interval(p['low'], p['high'])}"
+                f", {p['expected']:.2f}{_interval(p['expected_low'], p['expected_high'])}"
                 for p in restore["per_size"]
             )
         )

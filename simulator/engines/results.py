@@ -100,14 +100,56 @@ def median_ci(values, level: float = 0.95) -> tuple[float, float, float]:
     saying anything about the code measured (Hoefler and Belli, "Scientific benchmarking of
     parallel computing systems", SC'15: check normality before assuming it, else report the
     median with a nonparametric interval). Too few values for ``level`` (fewer than 6 at
-    95 %) give NaN bounds.
+    95 %) give NaN bounds; so does any value that is not finite (a failed measurement).
     """
     x = np.asarray(values, dtype=float).ravel()
-    if x.size == 0:
+    if x.size == 0 or not np.isfinite(x).all():  # a NaN sorts last and would pass unseen
         return math.nan, math.nan, math.nan
     median = float(np.median(x))
     ci = stats.quantile_test(x, q=median, p=0.5).confidence_interval(level)
     return median, float(ci.low), float(ci.high)
+
+
+def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
+    """The two views of per-repeat ratios (one code path against a baseline, repeat by repeat)
+    a goal is judged on, by :func:`ratio_verdict`.
+
+    - The typical repeat: the median and its distribution-free interval (:func:`median_ci`),
+      which a neighbour's stall of one repeat does not move.
+    - The expected cost: the mean of the per-repeat time ratios with Student's t interval
+      (:func:`mean_ci`), the arithmetic mean being the one that sums costs. It counts every
+      slow repeat in full, so a slow path the code takes in a minority of repeats, which the
+      median cannot see, fails it. With ``rate`` the ratios are rates (bandwidth against the
+      baseline's, higher is better): each repeat's time ratio is 1 / ratio, and the mean and
+      its bounds are turned back into a rate (an interval reaching 0 time leaves the rate
+      unbounded above). Otherwise the ratios are times already (a stall over a save).
+
+    Returns n, the median with ``low``/``high``, ``expected`` with ``expected_low``/
+    ``expected_high``, and the ``values``.
+    """
+    x = [float(v) for v in values]
+    median, low, high = median_ci(x)
+    if rate:
+        with np.errstate(divide="ignore"):
+            m, lo, hi = mean_ci([1 / v if v else math.inf for v in x])
+
+        def back(c: float) -> float:
+            return math.inf if c <= 0 else 1 / c  # NaN stays NaN
+
+        expected, e_low, e_high = back(m), back(hi), back(lo)
+    else:
+        expected, e_low, e_high = mean_ci(x)
+    return dict(n=len(x), median=median, low=low, high=high) | dict(
+        expected=expected, expected_low=e_low, expected_high=e_high, values=x
+    )
+
+
+def ratio_verdict(points, *, at_least: float | None = None, at_most: float | None = None) -> str:
+    """:func:`goal_verdict` of :func:`ratio_intervals` points: *met* only when at every point
+    both the typical repeat's and the expected cost's whole intervals meet the goal."""
+    views = [(p["median"], p["low"], p["high"]) for p in points]
+    views += [(p["expected"], p["expected_low"], p["expected_high"]) for p in points]
+    return goal_verdict(views, at_least=at_least, at_most=at_most)
 
 
 def goal_verdict(intervals, *, at_least: float | None = None, at_most: float | None = None) -> str:
