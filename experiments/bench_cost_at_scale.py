@@ -130,7 +130,7 @@ def _plot_ratios(goals):
     axes[0].set_ylabel("ratio, same repeat (higher is better; log scale)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.suptitle("Goal ratios, per repeat, one run")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)  # below: hides no point
     return axes[0]
 
