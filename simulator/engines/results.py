@@ -130,8 +130,7 @@ def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
     x = [float(v) for v in values]
     median, low, high = median_ci(x)
     if rate:
-        with np.errstate(divide="ignore"):
-            m, lo, hi = mean_ci([1 / v if v else math.inf for v in x])
+        m, lo, hi = mean_ci([1 / v if v else math.inf for v in x])
 
         def back(c: float) -> float:
             return math.inf if c <= 0 else 1 / c  # NaN stays NaN
