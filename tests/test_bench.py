@@ -252,25 +252,38 @@ def test_restore_is_judged_against_the_raw_read_of_the_same_repeat(tmp_path, cap
         assert len(p["values"]) == 2 and p["expected"] == pytest.approx(2 / sum(times))
 
 
-def test_each_restore_is_judged_against_a_raw_read_of_its_own_file_right_beside_it(
-    tmp_path, monkeypatch
-):
-    from simulator import ckptio
+def _logged_bench(tmp_path, monkeypatch, jobs):
+    """A 1M ckptsim benchmark run over ``jobs`` ((repeat, job) in order), logging its raw
+    reads, restores, cache drops and page-fault counts as they happen: (log, result)."""
     from simulator.bench import runner
 
-    log = []  # the timed reads, in order
-    real_read, load = fmt_io.raw_read, fmt_io.LOADERS["ckptsim"]
+    log = []
+    real_read, real_drop, real_load = fmt_io.raw_read, fmt_io.drop_cache, fmt_io.LOADERS["ckptsim"]
 
     def raw_read(directory, name="raw.bin"):
         log.append(("raw read", directory.name, name))
         return real_read(directory, name)
 
     monkeypatch.setattr(fmt_io, "raw_read", raw_read)
-    monkeypatch.setitem(fmt_io.LOADERS, "ckptsim", lambda *a: log.append(("load",)) or load(*a))
-    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=2)
-    jobs = [(r, job) for r in range(2) for job in ("raw", "ckptsim")]
+    monkeypatch.setattr(fmt_io, "drop_cache", lambda d: log.append(("drop",)) or real_drop(d))
+    monkeypatch.setitem(
+        fmt_io.LOADERS, "ckptsim", lambda *a: log.append(("load",)) or real_load(*a)
+    )
+    monkeypatch.setattr(runner, "_minor_faults", lambda: log.append(("faults",)) or 0)
     monkeypatch.setattr(runner, "interleaved", lambda *_: iter(jobs))
-    result = run_benchmark(cfg, progress=False)
+    repeats = len({rep for rep, _ in jobs})
+    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=repeats)
+    return log, run_benchmark(cfg, progress=False)
+
+
+def test_each_restore_is_judged_against_a_raw_read_of_its_own_file_right_beside_it(
+    tmp_path, monkeypatch
+):
+    from simulator import ckptio
+
+    jobs = [(r, job) for r in range(2) for job in ("raw", "ckptsim")]
+    log, result = _logged_bench(tmp_path, monkeypatch, jobs)
+    log = [e for e in log if e[0] in ("raw read", "load")]  # the timed reads, in order
     # Repeat 0: the restore first, the raw read of the checkpoint's own tensor file right after;
     # repeat 1 the other way round. The raw job reads its own file, as before.
     assert log == [
@@ -350,24 +363,12 @@ def test_the_paired_read_is_outside_the_restore_fault_count_and_the_restore_is_c
     # the drop_cache right before an in-place restore removed (the restore would then read the
     # file the raw read had just brought into the page cache).
     from simulator import ckptio
-    from simulator.bench import runner
 
-    log = []
-    real_read, real_drop, real_load = fmt_io.raw_read, fmt_io.drop_cache, fmt_io.LOADERS["ckptsim"]
-    monkeypatch.setattr(runner, "_minor_faults", lambda: log.append("faults") or 0)
-    monkeypatch.setattr(
-        fmt_io,
-        "raw_read",
-        lambda d, name="raw.bin": log.append(f"read {name}") or real_read(d, name),
-    )
-    monkeypatch.setattr(fmt_io, "drop_cache", lambda d: log.append("drop") or real_drop(d))
-    monkeypatch.setitem(fmt_io.LOADERS, "ckptsim", lambda *a: log.append("load") or real_load(*a))
-    monkeypatch.setattr(runner, "interleaved", lambda *_: iter([(1, "raw"), (1, "ckptsim")]))
-    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=1)
-    run_benchmark(cfg, progress=False)  # repeat 1: the raw read first
-    pair, load = log.index("read " + ckptio.TENSOR_FILE), log.index("load")
-    assert pair < load and log[pair + 1 : load].count("faults") == 1  # read, then the window
-    assert "drop" in log[log.index("faults", pair) : load]  # the restore's own drop
+    # Repeat 1: the raw read first.
+    log, _ = _logged_bench(tmp_path, monkeypatch, [(1, "raw"), (1, "ckptsim")])
+    pair, load = log.index(("raw read", "ckptsim-1", ckptio.TENSOR_FILE)), log.index(("load",))
+    assert pair < load and log[pair + 1 : load].count(("faults",)) == 1  # read, then window
+    assert ("drop",) in log[log.index(("faults",), pair) : load]  # the restore's own drop
 
 
 def test_writer_repeats_are_validated_and_default_to_repeats(tmp_path):
