@@ -88,8 +88,7 @@ def register(subparsers) -> None:
         default=3,
         metavar="K",
         help=f"repeats per size and format (default 3, at most {MAX_REPEATS}); the goal "
-        "verdicts need 6 or more for their 95%% intervals (the median's, and the expected "
-        "cost's bootstrap), else they read 'not shown'",
+        "verdicts need 6 or more for the median's 95%% interval, else they read 'not shown'",
     )
     p.add_argument(
         "--writers",
