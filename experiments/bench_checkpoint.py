@@ -195,12 +195,12 @@ def _goal_lines(result: BenchResult) -> list[str]:
     lines = [
         "A goal is **met** only when at every measured size two 95 % intervals over repeats "
         "meet it (`simulator.engines.results.ratio_verdict`): the median per-repeat ratio's "
-        "(distribution-free) and the expected cost's (the mean time over the baseline's mean "
-        "time, paired BCa bootstrap); each repeat's format is held to the raw job's write or "
-        "read of the same repeat (a restore, where the samples hold one, to a raw read of its "
-        "own file beside it) or to the synchronous save. **Not met** when some size's median or "
-        "expected value misses it; **not shown** otherwise (an interval straddles the goal, or "
-        "a size ran fewer than 6 repeats and has no interval).",
+        "(distribution-free) and the expected cost's (the mean per-repeat time ratio, "
+        "Student's t); each repeat's format is held to the raw job's write or read of the same "
+        "repeat (a restore, where the samples hold one, to a raw read of its own file beside "
+        "it) or to the synchronous save. **Not met** when some size's median or expected "
+        "value misses it; **not shown** otherwise (an interval straddles the goal, or a size "
+        "ran fewer than 6 repeats and has no median interval).",
         "",
     ]
     for name, g in result.goals.items():
@@ -218,7 +218,7 @@ def _goal_lines(result: BenchResult) -> list[str]:
                 else f"{p['low']:.3f} to {p['high']:.3f}"
             )
             lo, hi = p["expected_low"], p["expected_high"]
-            eci = "— (too few repeats)" if lo != lo else f"{lo:.3f} to {hi:.3f}"
+            eci = "— (one repeat)" if lo != lo else f"{lo:.3f} to {hi:.3f}"
             lines.append(
                 f"  | {p['size']} | {p['dtype']} | {p['n']} | {p['median']:.3f} | {ci} "
                 f"| {p['expected']:.3f} | {eci} |"

@@ -253,12 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         "distribution-free interval (order statistics), which one repeat stalled 3-6x (as "
         "single operations on this shared VM now and then are, the raw baseline's included; "
         "the lowest and highest repeat are in the tables) does not move; and the expected "
-        "cost's, the mean time over the baseline's mean time (each per byte) with a paired "
-        "BCa bootstrap interval over repeats, turned into a bandwidth ratio, which counts "
-        "every slow repeat in full, so a slow path the code takes in a minority of repeats "
-        "fails it (a mean of per-repeat ratios would also fail a code path exactly as fast as "
-        "its baseline under noise that strikes both alike: "
-        "`simulator.engines.results.ratio_of_means_ci`).",
+        "cost's, the mean of the per-repeat time ratios with Student's t interval, turned back "
+        "into a bandwidth ratio, which counts every slow repeat in full, so a slow path the "
+        "code takes in a minority of repeats fails it.",
         "- Parallel writers: for each N, N processes joined by torch.distributed (gloo, "
         "127.0.0.1), each holding 1/N of the largest state's fp32 bytes under keys of its own, "
         "save with `torch.distributed.checkpoint.save` and `FileSystemWriter(sync_files=True, "

@@ -541,10 +541,9 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
     write, the restore against the raw read of its own file beside it, the async stall against
     the synchronous save), so the interval over repeats carries the run-to-run spread; ``value``
     is the median at the largest size, as before, and ``per_size`` holds every size's per-repeat
-    ratios (``values``, in repeat order) with their median and expected cost (the mean cost
-    over the baseline's mean cost), each with its 95 % interval
-    (:func:`results.ratio_intervals`). ``met`` is true only when the verdict is "met": at every
-    size both whole intervals meet the goal (:func:`results.ratio_verdict`).
+    ratios (``values``, in repeat order) with their median and expected cost, each with its 95 %
+    interval (:func:`results.ratio_intervals`). ``met`` is true only when the verdict is "met":
+    at every size both whole intervals meet the goal (:func:`results.ratio_verdict`).
     """
 
     # The goals are the exact saves' (a reduced save writes fewer bytes than the raw baseline).
@@ -555,24 +554,22 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
         rows = [r for r in results if r["format"] == fmt]
         return max(rows, key=lambda r: r["params"]) if rows else None
 
-    def paired(fmt: str, base: str, costs, *, rate: bool) -> list[dict[str, Any]]:
-        """``costs(own_sample, base_sample)`` -> (own, base) of one repeat, per size."""
+    def paired(fmt: str, base: str, ratio, *, rate: bool) -> list[dict[str, Any]]:
         by_key: dict[tuple, dict[str, dict]] = {}
         for s in samples:
             if s.get("bench") == "writers":
                 continue
             by_key.setdefault((s["dtype"], s["params"], s["repeat"]), {})[s["format"]] = s
-        groups: dict[tuple, list[tuple[float, float]]] = {}
+        groups: dict[tuple, list[float]] = {}
         for (dtype, params, _), jobs in by_key.items():
             if fmt in jobs and base in jobs:
-                groups.setdefault((dtype, params), []).append(costs(jobs[fmt], jobs[base]))
+                groups.setdefault((dtype, params), []).append(ratio(jobs[fmt], jobs[base]))
         sizes = {(s["dtype"], s["params"]): s["size"] for s in samples if "dtype" in s}
         out = []
-        for (dtype, params), pairs in sorted(groups.items(), key=lambda kv: kv[0][::-1]):
-            own, base_costs = zip(*pairs, strict=True)
+        for (dtype, params), values in sorted(groups.items(), key=lambda kv: kv[0][::-1]):
             out.append(
                 dict(size=sizes[dtype, params], dtype=dtype, params=params)
-                | ratio_intervals(own, base_costs, rate=rate)
+                | ratio_intervals(values, rate=rate)
             )
         return out
 
@@ -587,15 +584,13 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
     # their own file timed right beside them (see _measure; a profile from before that pair:
     # the raw job's read). A raw write timed beside the save, which some profiles of
     # 2026-12-06 hold (raw_pair_save_s), was found biased and is not used.
-    # Each side's cost is seconds per byte: the checkpoint's file holds a header the raw
-    # file does not, so the ratio is one of bandwidths.
     def against_raw(key: str):
-        def costs(f: dict[str, Any], r: dict[str, Any]) -> tuple[float, float]:
+        def ratio(f: dict[str, Any], r: dict[str, Any]) -> float:
             if key == "load_s" and "raw_pair_load_s" in f:
                 r = {key: f["raw_pair_load_s"], "bytes": f["raw_pair_load_bytes"]}
-            return f[key] / f["bytes"], r[key] / r["bytes"]
+            return (f["bytes"] / f[key]) / (r["bytes"] / r[key])
 
-        return costs
+        return ratio
 
     for goal, key, ratio, at_least in (
         ("writer_ratio_to_raw", "save_s", "ratio_to_raw", GOAL_WRITER_RATIO),
@@ -617,7 +612,7 @@ def _goals(results: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict
         s = next((r for r in results if r["format"] == sync and r["params"] == a["params"]), None)
         base = s["save_s_median"] if s else a["save_s_median"]
         ratio = a["stall_s_median"] / base
-        points = paired(fmt, sync, lambda f, b: (f["stall_s"], b["save_s"]), rate=False)
+        points = paired(fmt, sync, lambda f, b: f["stall_s"] / b["save_s"], rate=False)
         goals[f"{fmt}_stall_ratio"] = {
             "value": ratio,
             "goal_max": GOAL_ASYNC_STALL_RATIO,

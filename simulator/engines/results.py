@@ -110,91 +110,36 @@ def median_ci(values, level: float = 0.95) -> tuple[float, float, float]:
     return median, float(ci.low), float(ci.high)
 
 
-MIN_INTERVAL_REPEATS = 6
-"""Fewest paired repeats that give a goal's intervals: below it a 95 % interval of the median
-does not exist (:func:`median_ci`), and a bootstrap has too few distinct resamples to mean
-anything."""
+def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
+    """The two views of per-repeat ratios (one code path against a baseline, repeat by repeat)
+    a goal is judged on, by :func:`ratio_verdict`.
 
-
-def ratio_of_means_ci(own, base, level: float = 0.95) -> tuple[float, float, float]:
-    """mean(own) / mean(base) and its confidence interval, for costs paired by repeat.
-
-    The expected cost of one code path against a baseline timed beside it: total time over
-    total time, so a stall on either side counts as what it costs. (The mean of per-repeat
-    ratios, which this replaces, is biased against the code: under noise that strikes both
-    sides alike, E[own/base] > E[own]/E[base] (Jensen), and on the project's VM a restore
-    timed from the very distribution of its raw baseline came out at 0.92 of it in a typical
-    run, below a 0.90 goal in a third of runs.) The interval is the bias-corrected and
-    accelerated bootstrap over repeats, resampled as pairs (``scipy.stats.bootstrap``, BCa,
-    ``paired=True``; Efron and Tibshirani, *An Introduction to the Bootstrap*, ch. 14), with a
-    fixed seed, so a profile always gets the same verdict. Costs that are not finite and
-    positive (a failed measurement), unequal lengths, or fewer than
-    :data:`MIN_INTERVAL_REPEATS` pairs give NaN bounds (and a NaN ratio for the first two).
-    """
-    a = np.asarray(own, dtype=float).ravel()
-    b = np.asarray(base, dtype=float).ravel()
-    if a.size == 0 or a.size != b.size or not (np.isfinite(a) & np.isfinite(b)).all():
-        return math.nan, math.nan, math.nan
-    if (a <= 0).any() or (b <= 0).any():
-        return math.nan, math.nan, math.nan
-    ratio = float(a.mean() / b.mean())
-    if a.size < MIN_INTERVAL_REPEATS:
-        return ratio, math.nan, math.nan
-    per_repeat = a / b
-    if np.ptp(per_repeat) <= 1e-12 * per_repeat[0]:  # every resample gives the same ratio
-        return ratio, ratio, ratio
-
-    def of_means(x, y, axis=-1):
-        return np.mean(x, axis=axis) / np.mean(y, axis=axis)
-
-    ci = stats.bootstrap(
-        (a, b),
-        of_means,
-        paired=True,
-        vectorized=True,
-        confidence_level=level,
-        n_resamples=9999,
-        method="BCa",
-        rng=np.random.default_rng(20261206),
-    ).confidence_interval
-    return ratio, float(ci.low), float(ci.high)
-
-
-def ratio_intervals(own, base, *, rate: bool) -> dict[str, Any]:
-    """The two views, a goal is judged on by :func:`ratio_verdict`, of one code path's costs
-    ``own`` against a baseline's ``base``, paired by repeat (seconds, or seconds per byte
-    where the two move different byte counts).
-
-    - The typical repeat: the median of the per-repeat ratios and its distribution-free
-      interval (:func:`median_ci`), which a neighbour's stall of one repeat does not move.
-    - The expected cost: mean(own) / mean(base) with its paired bootstrap interval
-      (:func:`ratio_of_means_ci`). It counts every slow repeat in full, so a slow path the code
-      takes in a minority of repeats, which the median cannot see, fails it.
-
-    With ``rate`` the ratios are rates (bandwidth against the baseline's, higher is better):
-    each repeat's ratio is base / own, and the expected cost and its bounds are turned into a
-    rate too (an interval reaching 0 time leaves the rate unbounded above). Otherwise they are
-    time ratios, own / base (a stall over a save).
+    - The typical repeat: the median and its distribution-free interval (:func:`median_ci`),
+      which a neighbour's stall of one repeat does not move.
+    - The expected cost: the mean of the per-repeat time ratios with Student's t interval
+      (:func:`mean_ci`), the arithmetic mean being the one that sums costs. It counts every
+      slow repeat in full, so a slow path the code takes in a minority of repeats, which the
+      median cannot see, fails it. With ``rate`` the ratios are rates (bandwidth against the
+      baseline's, higher is better): each repeat's time ratio is 1 / ratio, and the mean and
+      its bounds are turned back into a rate (an interval reaching 0 time leaves the rate
+      unbounded above). Otherwise the ratios are times already (a stall over a save).
 
     Returns n, the median with ``low``/``high``, ``expected`` with ``expected_low``/
-    ``expected_high``, and the per-repeat ratios as ``values``.
+    ``expected_high``, and the ``values``.
     """
-    a = [float(v) for v in own]
-    b = [float(v) for v in base]
-    if len(a) != len(b):
-        raise ValueError(f"{len(a)} costs paired with {len(b)} baseline costs")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = [float(v) for v in (np.divide(b, a) if rate else np.divide(a, b))]
+    x = [float(v) for v in values]
     median, low, high = median_ci(x)
-    m, lo, hi = ratio_of_means_ci(a, b)
     if rate:
+        m, lo, hi = mean_ci([1 / v if v else math.inf for v in x])
 
         def back(c: float) -> float:
             return math.inf if c <= 0 else 1 / c  # NaN stays NaN
 
-        m, lo, hi = back(m), back(hi), back(lo)
+        expected, e_low, e_high = back(m), back(hi), back(lo)
+    else:
+        expected, e_low, e_high = mean_ci(x)
     return dict(n=len(x), median=median, low=low, high=high) | dict(
-        expected=m, expected_low=lo, expected_high=hi, values=x
+        expected=expected, expected_low=e_low, expected_high=e_high, values=x
     )
 
 
