@@ -90,9 +90,9 @@ def test_a_slow_path_in_a_minority_of_repeats_fails_the_expected_cost():
 
 def test_stalls_only_the_baseline_takes_do_not_hide_a_slow_path_of_the_code():
     # Review 3: the code at 0.95 of the disk in a typical repeat, 3x slower in 9 of 60 repeats
-    # (0.73 of a quiet disk on average), beside a baseline stalled 3x in 18 other repeats (the
-    # raw write stalls more often than the save on the project's VM). Total time over total
-    # time, tried in place of the mean of per-repeat ratios, called this "met" (1.17
+    # (0.73 of a quiet disk on average), beside a baseline stalled 3x in 18 other repeats (in
+    # one run on the project's VM the raw write stalled more often than the save). Total time
+    # over total time, tried in place of the mean of per-repeat ratios, called this "met" (1.17
     # [0.93, 1.46]): it credits the code with every baseline stall in full. Per repeat, a
     # baseline stall can give back at most the repeat's own time.
     rates = [0.95 / 3] * 9 + [0.95 * 3] * 18 + [0.95] * 33

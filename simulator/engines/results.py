@@ -122,8 +122,8 @@ def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
       median cannot see, fails it. Per repeat, a stall of the baseline alone can give back at
       most that repeat's time, never more. (Total time over total time, tried instead, is free
       of this view's bias against the code under noise both sides share, E[a/b] > E[a]/E[b],
-      but credits the code with every stall only the baseline takes: on the project's VM the
-      raw write stalled >2x its median in 7 of 60 repeats against 2 for the save, and a code
+      but credits the code with every stall only the baseline takes: in one 60-repeat run on
+      the project's VM the raw write stalled >2x its median in 7 repeats, the save in 2; a code
       path 3x slow in 9 of 60 repeats, beside a baseline stalled 3x in 18 others, came out
       "met". This view errs on the safe side.) With ``rate`` the ratios are rates (bandwidth
       against the baseline's, higher is better): each repeat's time ratio is 1 / ratio, and
