@@ -458,6 +458,33 @@ def test_fresh_process_restore_study_times_each_load_in_its_own_process(tmp_path
     ]
 
 
+def test_restore_gap_study_times_three_cold_reads_a_round_and_leaves_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    from experiments import restore_gap
+    from simulator import ckptio
+
+    verifies = []
+    real = ckptio.read_checkpoint
+
+    def read_checkpoint(path, *, verify=True, into=None):
+        verifies.append(verify)
+        return real(path, verify=verify, into=into)
+
+    monkeypatch.setattr(ckptio, "read_checkpoint", read_checkpoint)
+    argv = ["--size", "300K", "--rounds", "6", "--dir", str(tmp_path)]
+    assert restore_gap.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "6 rounds" in out and "verify=False/verify=True (CRC)" in out
+    assert "[nan" not in out  # 6 rounds: the medians' intervals exist
+    # 6 cold restores each way, then 11 warm ones each way.
+    assert verifies.count(False) == verifies.count(True) == 6 + 11
+    assert list(tmp_path.iterdir()) == []  # the checkpoint is removed
+    with pytest.raises(SystemExit):
+        restore_gap.main(["--rounds", "5"])
+    assert "at least 6" in capsys.readouterr().err
+
+
 def test_the_raw_read_reads_every_byte_into_one_buffer_mapped_before_its_clock(tmp_path):
     # The baseline is the disk's speed: f.read() into a fresh buffer per call timed the
     # allocator too (no page mapped inside a long benchmark loop, every page in a fresh

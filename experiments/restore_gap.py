@@ -1,0 +1,102 @@
+"""Where a restore's time goes beyond the raw read: the CRC-32, then everything else.
+
+One ``ckptio`` checkpoint of the complete training state is written once; then, in rounds
+whose order is shuffled (seeded), three cold reads of it are timed inside this process, each
+after ``posix_fadvise(DONTNEED)`` of the checkpoint's files: the raw read of its tensor file
+(the benchmark's baseline, :func:`simulator.bench.formats.raw_read`), and
+``read_checkpoint(into=<the state's tensors>)`` with ``verify=False`` and with
+``verify=True`` (the restore the controller and the benchmark run). Per round it forms
+raw/restore (bandwidth, higher is better) for each, and verify=False/verify=True (what the
+CRC-32 costs); prints the medians with their distribution-free 95 % intervals
+(:func:`simulator.engines.results.median_ci`). Then, with the page cache warm (no disk), the
+same three reads again: what is CPU work. Writes nothing under ``reports/``.
+
+    python experiments/restore_gap.py [--size 25M] [--rounds 150] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from simulator import ckptio  # noqa: E402
+from simulator.bench import formats as fmt_io  # noqa: E402
+from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
+from simulator.engines.results import median_ci  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="25M", help="model size in parameters (25M: ~290 MB)")
+    ap.add_argument("--rounds", type=int, default=150, help="rounds of the three reads")
+    ap.add_argument("--dir", type=Path, default=REPO, help="where the checkpoint is written")
+    args = ap.parse_args(argv)
+    if args.rounds < 6:
+        ap.error(f"--rounds must be at least 6 (a median's 95 % interval), got {args.rounds}")
+    state = build_state(parse_size(args.size)).state
+    tensors, tree = flatten(state)
+    work = Path(tempfile.mkdtemp(prefix="ckptsim-gap-", dir=args.dir))
+    try:
+        where = work / "ck"
+        ckptio.write_checkpoint(where, tensors, {"tree": tree})
+        nbytes = (where / ckptio.TENSOR_FILE).stat().st_size
+
+        def restore(verify: bool) -> float:
+            fmt_io.drop_cache(where)
+            start = time.perf_counter()
+            ckptio.read_checkpoint(where, verify=verify, into=tensors)
+            return time.perf_counter() - start
+
+        reads = {
+            "raw read": lambda: fmt_io.raw_read(where, ckptio.TENSOR_FILE),
+            "restore, verify=False": lambda: restore(False),
+            "restore, verify=True": lambda: restore(True),
+        }
+        rng = np.random.default_rng(0)
+        times: dict[str, list[float]] = {k: [] for k in reads}
+        for _ in range(args.rounds):
+            for name in rng.permutation(list(reads)):
+                times[name].append(reads[name]())
+        # Warm: the file stays in the page cache (no drop), so what is left is CPU work.
+        warm = {}
+        for verify in (False, True):
+            ckptio.read_checkpoint(where, verify=verify, into=tensors)
+            start = time.perf_counter()
+            for _ in range(10):
+                ckptio.read_checkpoint(where, verify=verify, into=tensors)
+            warm[verify] = (time.perf_counter() - start) / 10
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"{args.size}: {nbytes / 1e9:.2f} GB tensor file, {len(tensors)} tensors, "
+          f"{args.rounds} rounds (cold reads, shuffled order)")  # fmt: skip
+    for name, t in times.items():
+        print(f"  {name:24s} median {statistics.median(t):.4f} s")
+
+    def per_round(num: str, den: str) -> str:
+        m, lo, hi = median_ci([a / b for a, b in zip(times[num], times[den], strict=True)])
+        return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    print("  median per-round ratio [95 % interval]:")
+    print(f"    raw/restore, verify=False      {per_round('raw read', 'restore, verify=False')}")
+    print(f"    raw/restore, verify=True       {per_round('raw read', 'restore, verify=True')}")
+    print(f"    verify=False/verify=True (CRC) "
+          f"{per_round('restore, verify=False', 'restore, verify=True')}")  # fmt: skip
+    print(f"  warm page cache, mean of 10: verify=False {warm[False] * 1e3:.1f} ms, "
+          f"verify=True {warm[True] * 1e3:.1f} ms")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
