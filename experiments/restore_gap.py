@@ -1,15 +1,18 @@
-"""Where a restore's time goes beyond the raw read: the CRC-32, then everything else.
+"""Where a restore's time goes against the raw read: the I/O pattern, the CRC-32, the rest.
 
 One ``ckptio`` checkpoint of the complete training state is written once; then, in rounds
-whose order is shuffled (seeded), three cold reads of it are timed inside this process, each
+whose order is shuffled (seeded), four cold reads of it are timed inside this process, each
 after ``posix_fadvise(DONTNEED)`` of the checkpoint's files: the raw read of its tensor file
-(the benchmark's baseline, :func:`simulator.bench.formats.raw_read`), and
-``read_checkpoint(into=<the state's tensors>)`` with ``verify=False`` and with
+(the benchmark's baseline, :func:`simulator.bench.formats.raw_read`: 64 MB ``readinto``), the
+same raw read done the restore's way (``readahead=True``: 4 MB slices with a
+:class:`~simulator.ckptio.readahead.Readahead` thread asking for the bytes ahead, nothing
+else), and ``read_checkpoint(into=<the state's tensors>)`` with ``verify=False`` and with
 ``verify=True`` (the restore the controller and the benchmark run). Per round it forms
-raw/restore (bandwidth, higher is better) for each, and verify=False/verify=True (what the
-CRC-32 costs); prints the medians with their distribution-free 95 % intervals
-(:func:`simulator.engines.results.median_ci`). Then, with the page cache warm (no disk), the
-same three reads again: what is CPU work. Writes nothing under ``reports/``.
+raw/restore (bandwidth, higher is better) against each raw read, and
+verify=False/verify=True (what the CRC-32 costs); prints the medians with their
+distribution-free 95 % intervals (:func:`simulator.engines.results.median_ci`). Then, with
+the page cache warm (no disk), the restores again: what is CPU work. Writes nothing under
+``reports/``.
 
     python experiments/restore_gap.py [--size 25M] [--rounds 150] [--dir DIR]
 """
@@ -39,7 +42,7 @@ from simulator.engines.results import median_ci  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="25M", help="model size in parameters (25M: ~290 MB)")
-    ap.add_argument("--rounds", type=int, default=150, help="rounds of the three reads")
+    ap.add_argument("--rounds", type=int, default=150, help="rounds of the four reads")
     ap.add_argument("--dir", type=Path, default=REPO, help="where the checkpoint is written")
     args = ap.parse_args(argv)
     if args.rounds < 6:
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
         reads = {
             "raw read": lambda: fmt_io.raw_read(where, ckptio.TENSOR_FILE),
+            "raw read, readahead": lambda: fmt_io.raw_read(
+                where, ckptio.TENSOR_FILE, readahead=True
+            ),
             "restore, verify=False": lambda: restore(False),
             "restore, verify=True": lambda: restore(True),
         }
@@ -89,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
     print("  median per-round ratio [95 % interval]:")
-    print(f"    raw/restore, verify=False      {per_round('raw read', 'restore, verify=False')}")
-    print(f"    raw/restore, verify=True       {per_round('raw read', 'restore, verify=True')}")
+    for raw in ("raw read", "raw read, readahead"):
+        for verify in (False, True):
+            name = f"restore, verify={verify}"
+            print(f"    {raw}/{name:24s} {per_round(raw, name)}")
+    print(f"    raw read/raw read, readahead    {per_round('raw read', 'raw read, readahead')}")
     print(f"    verify=False/verify=True (CRC) "
           f"{per_round('restore, verify=False', 'restore, verify=True')}")  # fmt: skip
     print(f"  warm page cache, mean of 10: verify=False {warm[False] * 1e3:.1f} ms, "

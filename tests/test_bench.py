@@ -458,7 +458,7 @@ def test_fresh_process_restore_study_times_each_load_in_its_own_process(tmp_path
     ]
 
 
-def test_restore_gap_study_times_three_cold_reads_a_round_and_leaves_nothing(
+def test_restore_gap_study_times_four_cold_reads_a_round_and_leaves_nothing(
     tmp_path, capsys, monkeypatch
 ):
     from experiments import restore_gap
@@ -471,11 +471,21 @@ def test_restore_gap_study_times_three_cold_reads_a_round_and_leaves_nothing(
         verifies.append(verify)
         return real(path, verify=verify, into=into)
 
+    raws = []
+    real_raw = fmt_io.raw_read
+
+    def raw_read(directory, name="raw.bin", *, readahead=False):
+        raws.append(readahead)
+        return real_raw(directory, name, readahead=readahead)
+
     monkeypatch.setattr(ckptio, "read_checkpoint", read_checkpoint)
+    monkeypatch.setattr(fmt_io, "raw_read", raw_read)
     argv = ["--size", "300K", "--rounds", "6", "--dir", str(tmp_path)]
     assert restore_gap.main(argv) == 0
     out = capsys.readouterr().out
     assert "6 rounds" in out and "verify=False/verify=True (CRC)" in out
+    assert "raw read, readahead/restore, verify=True" in out
+    assert raws.count(False) == raws.count(True) == 6
     assert "[nan" not in out  # 6 rounds: the medians' intervals exist
     # 6 cold restores each way, then 11 warm ones each way.
     assert verifies.count(False) == verifies.count(True) == 6 + 11
@@ -485,10 +495,12 @@ def test_restore_gap_study_times_three_cold_reads_a_round_and_leaves_nothing(
     assert "at least 6" in capsys.readouterr().err
 
 
-def test_the_raw_read_reads_every_byte_into_one_buffer_mapped_before_its_clock(tmp_path):
+@pytest.mark.parametrize("readahead", [False, True], ids=["64MB-reads", "restore-pattern"])
+def test_the_raw_read_reads_every_byte_into_one_buffer_mapped_before_its_clock(tmp_path, readahead):
     # The baseline is the disk's speed: f.read() into a fresh buffer per call timed the
     # allocator too (no page mapped inside a long benchmark loop, every page in a fresh
-    # process). Whatever the allocator holds, the timed read maps no fresh memory.
+    # process). Whatever the allocator holds, the timed read maps no fresh memory. The
+    # restore's pattern (4 MB slices, a readahead thread) cycles through the same buffer.
     import os
     import resource
 
@@ -496,7 +508,7 @@ def test_the_raw_read_reads_every_byte_into_one_buffer_mapped_before_its_clock(t
     fmt_io.raw_write(tmp_path / "raw", nbytes)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     rchar = _rchar() if os.path.exists("/proc/self/io") else None
-    assert fmt_io.raw_read(tmp_path / "raw") > 0
+    assert fmt_io.raw_read(tmp_path / "raw", readahead=readahead) > 0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     assert faults < 2_000  # 196 MB read: 48,000 pages had each call used fresh memory
     if rchar is not None:

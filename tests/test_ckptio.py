@@ -441,6 +441,85 @@ def test_a_restore_into_memory_mapped_already_starts_no_prefault_thread(monkeypa
     assert started == [] and p.populated_bytes == 0
 
 
+def _await(condition, seconds: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return condition()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
+def test_readahead_asks_for_the_file_in_order_ahead_of_the_reader_and_no_further(monkeypatch):
+    from simulator.ckptio.readahead import Readahead
+
+    size, ahead, step = 100 << 20, 24 << 20, 5 << 20
+    asked = []  # (offset, bytes, the reader's position when asked)
+    ra = Readahead(-1, size, ahead=ahead, step=step)
+
+    def fadvise(fd, offset, nbytes, advice):
+        assert (fd, advice) == (-1, os.POSIX_FADV_WILLNEED)
+        asked.append((offset, nbytes, ra._pos))
+
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    with ra:
+        # Before the reader moves, the thread asks for the lead and waits.
+        assert _await(lambda: ra.asked_bytes >= ahead)
+        assert not _await(lambda: ra.asked_bytes > ahead + step, 0.05)
+        for pos in range(0, size + 1, 4 << 20):
+            ra.at(pos)
+        ra.at(size)
+        assert _await(lambda: ra.asked_bytes == size)
+    # The whole file, once, in order, in steps; never a byte past the reader's lead.
+    assert [a[0] for a in asked] == list(range(0, size, step))
+    assert sum(a[1] for a in asked) == size and asked[-1][0] + asked[-1][1] == size
+    assert all(offset < pos + ahead for offset, _, pos in asked)
+    assert not any(t.name == "ckptio-readahead" for t in threading.enumerate())
+
+
+def test_a_restore_asks_for_its_tensor_file_ahead_and_goes_on_where_the_hint_fails(
+    tmp_path, monkeypatch
+):
+    state = {"w": torch.randn(9 << 20), "b": torch.randn(3 << 18)}  # 36 MB + 3 MB
+    write_checkpoint(tmp_path / "ck", state, {"x": 1})
+    size = (tmp_path / "ck" / ckptio.TENSOR_FILE).stat().st_size
+    real, asked = os.posix_fadvise, []
+
+    def fadvise(fd, offset, nbytes, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            asked.append((offset, nbytes))
+        return real(fd, offset, nbytes, advice)
+
+    def slow_readv(fd, buffers):  # a slow disk: the thread surely runs while the reader reads
+        import time
+
+        time.sleep(0.02)
+        return real_readv(fd, buffers)
+
+    real_readv = os.readv
+    monkeypatch.setattr(os, "readv", slow_readv)
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    tensors, _ = read_checkpoint(tmp_path / "ck")
+    assert all(_bits_equal(tensors[k], v) for k, v in state.items())
+    # The thread stays ahead of the reader, whose last slices start within its lead of the
+    # end: the whole file is asked for, in order, nothing past its end.
+    assert [a[0] for a in asked] == list(range(0, size, 16 << 20))
+    assert asked[-1][0] + asked[-1][1] == size
+
+    def refuses(fd, offset, nbytes, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            asked.append((offset, nbytes))
+            raise OSError(errno.EINVAL, "no hints here")
+        return real(fd, offset, nbytes, advice)
+
+    asked.clear()
+    monkeypatch.setattr(os, "posix_fadvise", refuses)
+    tensors, _ = read_checkpoint(tmp_path / "ck")  # the hint is never needed
+    assert all(_bits_equal(tensors[k], v) for k, v in state.items())
+    assert asked == [(0, 16 << 20)]  # the thread stopped at the first refusal
+
+
 def test_a_corrupt_large_file_is_refused_and_leaves_no_thread_behind(tmp_path):
     big = {"w": torch.randn(6 << 20), "b": torch.randn(3 << 18)}  # 24 MB + 3 MB
     write_checkpoint(tmp_path / "ck", big, {})

@@ -31,6 +31,8 @@ import torch
 
 from simulator import ckptio
 from simulator.bench.state import flatten, unflatten
+from simulator.ckptio.layout import READ_CHUNK
+from simulator.ckptio.readahead import Readahead
 
 _RAW_CHUNK = 64 << 20
 
@@ -107,24 +109,35 @@ def _raw_read_buffer() -> memoryview:
     return memoryview(_READ_BUFFER)
 
 
-def raw_read(directory: Path, name: str = "raw.bin") -> float:
+def raw_read(directory: Path, name: str = "raw.bin", *, readahead: bool = False) -> float:
     """Seconds to read the file ``name`` in ``directory`` back from disk (the directory's
     pages dropped first), 64 MB at a time into one buffer mapped in advance, with the restore's
     readahead hint (``POSIX_FADV_SEQUENTIAL``, which doubles the window): the disk's speed,
     whatever the allocator holds.
+
+    ``readahead``: read it the way a restore does instead, in
+    :data:`~simulator.ckptio.layout.READ_CHUNK` slices with a
+    :class:`~simulator.ckptio.readahead.Readahead` thread asking for the bytes ahead (the
+    restore's own I/O, without its parsing, checksum or tensors: what ``experiments/
+    restore_gap.py`` sets a restore beside).
 
     (``f.read(64 MB)``, a fresh buffer per call, measured the allocator as much as the disk:
     inside the benchmark loop it reused freed heap memory and mapped no page, in a fresh
     process it faulted in every page, ~0.7-2 µs each on the project's VM, as slow as the read.)
     """
     buf = _raw_read_buffer()
+    chunk = READ_CHUNK if readahead else len(buf)
     drop_cache(directory)
     start = time.perf_counter()
     with open(directory / name, "rb", buffering=0) as f:
         if hasattr(os, "posix_fadvise"):  # the readahead hint the restore gives its file
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while f.readinto(buf):
-            pass
+        size = os.fstat(f.fileno()).st_size if readahead else 0
+        with Readahead(f.fileno(), size) as ahead:
+            pos = 0
+            while n := f.readinto(buf[pos % len(buf) :][:chunk]):
+                pos += n
+                ahead.at(pos)
     return time.perf_counter() - start
 
 

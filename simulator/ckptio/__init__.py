@@ -25,9 +25,11 @@ has no wheel) is computed from that memory in a thread while the file is flushed
 A restore fills every tensor with 4 MB
 scatter reads (``readv``) straight into its buffer (no file mapping, whose page faults read a
 cold file at a fraction of the disk's speed) and checks the CRC-32 of each slice right after
-its read. The buffers are the caller's own tensors where they fit (``read_checkpoint``'s
-``into``: the live model and optimizer, as DCP's load fills them), else fresh ones, whose
-pages a thread maps ahead of the reads (:mod:`.prefault`), so the reader mostly copies.
+its read, while a thread asks the kernel for the file's next 64 MB ahead of the reader
+(:mod:`.readahead`), so the reader seldom waits for the device. The buffers are the caller's
+own tensors where they fit (``read_checkpoint``'s ``into``: the live model and optimizer, as
+DCP's load fills them), else fresh ones, whose pages a thread maps ahead of the reads
+(:mod:`.prefault`), so the reader mostly copies.
 
 Asynchronous saves split in two: :func:`stage` copies the tensors into fresh contiguous CPU
 memory (pinned when CUDA is present) — that copy is the training stall — and

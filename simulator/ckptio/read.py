@@ -50,6 +50,7 @@ from simulator.ckptio.layout import (
     unsafe_name,
 )
 from simulator.ckptio.prefault import Prefaulter
+from simulator.ckptio.readahead import Readahead
 
 # What a manifest's files must include, by who wrote it: ckptio's own checkpoints (recognised
 # by the "tensors" count only write_checkpoint records, or by their file names),
@@ -166,9 +167,11 @@ def _load_tensors(
     :data:`~simulator.ckptio.layout.READ_CHUNK` bytes each, straight into the tensors
     (:func:`~simulator.ckptio.layout.io_groups`): no file mapping (whose 4 KiB page faults read a
     cold file at a fraction of the disk's speed), no intermediate copy. The checksum of each
-    slice is computed right after its read, from the CPU's cache, while the kernel's readahead
-    fetches the next slices (a thread trailing 64 MB slices read them back from memory at a
-    third of the speed, and on a busy 2-core machine competed with the reader for a core);
+    slice is computed right after its read, from the CPU's cache, while the kernel fetches the
+    next slices, asked for ahead of the reader by a
+    :class:`~simulator.ckptio.readahead.Readahead` thread (a thread trailing 64 MB slices to
+    checksum them read them back from memory at a third of the speed, and on a busy 2-core
+    machine competed with the reader for a core);
     a :class:`~simulator.ckptio.prefault.Prefaulter` maps the fresh tensors' pages in a thread
     ahead of the reads, so the reader mostly copies. The bytes become tensors only through a
     dtype table and shapes checked against the offsets, never through code in the file.
@@ -193,10 +196,14 @@ def _load_tensors(
             for name, dtype, shape in specs
         }
         crc = crc32(header, crc32(head)) if checksum else None
-        pos = 0
-        with Prefaulter(list(tensors.values())) as prefault:
+        pos, start = 0, size - data_len
+        with (
+            Prefaulter(list(tensors.values())) as prefault,
+            Readahead(f.fileno(), size) as readahead,
+        ):
             views = [memoryview(bytes_of(t)) for t in tensors.values() if t.numel()]
             for group in io_groups(views):
+                readahead.at(start + pos)
                 pos += sum(len(view) for view in group)
                 prefault.ready(pos)
                 _readv_exactly(f.fileno(), group, file)
