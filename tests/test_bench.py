@@ -396,6 +396,32 @@ def test_every_restore_and_raw_read_records_the_page_faults_it_took(tmp_path, mo
 
 
 @pytest.mark.slow
+def test_the_raw_write_writes_the_states_own_bytes_from_its_memory(tmp_path, monkeypatch):
+    # The save's baseline writes the bytes the save writes: random bytes of the same count
+    # took the storage below the project's VM up to 3.5x as long (experiments/write_content.py).
+    from simulator.bench.state import build_state, parse_size
+
+    written, real = [], fmt_io.raw_write
+
+    def raw_write(directory, data):
+        seconds = real(directory, data)
+        written.append(((directory / "raw.bin").read_bytes(), data))
+        return seconds
+
+    monkeypatch.setattr(fmt_io, "raw_write", raw_write)
+    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=2)
+    result = run_benchmark(cfg, progress=False)
+    expected = b"".join(bytes(v) for v in fmt_io.state_bytes(build_state(parse_size("1M")).state))
+    # The warm-up write and both raw jobs: the state's bytes, tensor after tensor, nothing else.
+    assert len(written) == 3
+    assert all(not isinstance(data, int) and got == expected for got, data in written)
+    raws = [s for s in result.samples if s["format"] == "raw"]
+    assert [r["bytes"] for r in raws] == [len(expected)] * 2
+    # A byte count still writes that many (random) bytes, for callers without a state.
+    assert real(tmp_path / "n", 5 + (64 << 20)) > 0
+    assert (tmp_path / "n" / "raw.bin").stat().st_size == 5 + (64 << 20)
+
+
 def test_parallel_writers_run_real_gloo_ranks_against_as_many_raw_writers(tmp_path, capsys):
     out = tmp_path / "profile.json"
     argv = ["bench", "--sizes", "300K,2M", "--formats", "ckptsim", "--repeats", "2"]
@@ -493,6 +519,21 @@ def test_restore_gap_study_times_four_cold_reads_a_round_and_leaves_nothing(
     with pytest.raises(SystemExit):
         restore_gap.main(["--rounds", "5"])
     assert "at least 6" in capsys.readouterr().err
+
+
+def test_write_content_study_times_three_writes_a_round_and_leaves_nothing(tmp_path, capsys):
+    from experiments import write_content
+
+    argv = ["--size", "300K", "--rounds", "6", "--gap", "0", "--dir", str(tmp_path)]
+    assert write_content.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "6 rounds" in out and out.count("over 2x its median in") == 3
+    assert "random bytes / the state's bytes" in out and "[nan" not in out
+    assert list(tmp_path.iterdir()) == []
+    for bad, why in ((["--rounds", "5"], "at least 6"), (["--gap", "-1"], "at least 0")):
+        with pytest.raises(SystemExit):
+            write_content.main(bad)
+        assert why in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("readahead", [False, True], ids=["64MB-reads", "restore-pattern"])

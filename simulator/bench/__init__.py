@@ -4,7 +4,8 @@ It builds the complete state a training resume needs — a GPT-style transformer
 AdamW after one real step (both moments), the LR scheduler, the RNG states and the data
 position — and writes that same state in each format people use (``torch.save``,
 safetensors, DCP, DCP async, and this project's own :mod:`simulator.ckptio`), with fsync,
-interleaved with a raw sequential write of the same number of bytes, so every format is
+interleaved with a raw sequential write of the state's own bytes (plain ``os.write``, no
+format), so every format is
 measured against the disk it ran on, in the same run; ``writers`` adds N processes saving one
 sharded state at once against N raw writers (:mod:`simulator.bench.writers`); a reduced
 ``optimizer_precision``/``weights_precision`` adds the controller's smaller saves beside the

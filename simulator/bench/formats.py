@@ -4,7 +4,7 @@ Every save ends durable: the library's own fsync where it has one (DCP ``sync_fi
 :mod:`simulator.ckptio`), else an explicit fsync of every file written, and always an fsync of
 the directory. Before a restore, the written files' pages are dropped from the page cache
 (``posix_fadvise(DONTNEED)`` after the fsync made them clean), so loads read the disk.
-The raw baseline writes and reads the same number of bytes with plain ``os.write``/``os.read``.
+The raw baseline writes the state's own bytes with plain ``os.write`` and reads them back.
 
 A reduced-precision save (``ckptsim bench --optimizer-precision``, ``--weights-precision``)
 is :func:`save_reduced`: the controller's own encoding
@@ -22,7 +22,7 @@ import mmap
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 
 from simulator import ckptio
 from simulator.bench.state import flatten, unflatten
-from simulator.ckptio.layout import READ_CHUNK
+from simulator.ckptio.layout import READ_CHUNK, bytes_of
 from simulator.ckptio.readahead import Readahead
 
 _RAW_CHUNK = 64 << 20
@@ -76,20 +76,43 @@ def _raw_buffer() -> memoryview:
     return memoryview(_BUFFER)
 
 
-def raw_write(directory: Path, nbytes: int) -> float:
-    """Seconds to write ``nbytes`` sequentially and fsync file and directory."""
-    buf = _raw_buffer()
+def state_bytes(state: Any) -> list[memoryview]:
+    """The bytes of every tensor of ``state`` (nested, as the benchmark holds it), in memory,
+    uncopied: what :func:`raw_write` writes for the raw baseline of that state."""
+    tensors, _tree = flatten(state)
+    return [
+        memoryview(bytes_of(t.contiguous()))
+        for t in tensors.values()
+        if t.numel() and t.device.type == "cpu"
+    ]
+
+
+def raw_write(directory: Path, data: int | Sequence[memoryview]) -> float:
+    """Seconds to write ``data`` sequentially into ``directory/raw.bin`` with ``os.write``, then
+    fsync the file and the directory: no format, no checksum, no rename.
+
+    ``data``: the buffers whose bytes to write (a state's own, :func:`state_bytes`: the bytes
+    its checkpoint holds, from the memory its save reads: the benchmark's baseline), or a byte
+    count, written from one 64 MB buffer of random bytes. Which bytes matters on the project's
+    VM, for reasons below it: ``experiments/write_content.py`` (1.2 GB, 2026-12-06) took
+    medians of 2.65 s and 3.01 s for the random bytes against 0.75 s and 0.84 s for the
+    state's own in two runs, where the benchmark's raw jobs of the same morning had written
+    the random bytes in 0.60 s; a baseline of other bytes than the save's measures that as
+    much as the writer.
+    """
+    if isinstance(data, int):
+        buf = _raw_buffer()
+        sources = [buf[: min(len(buf), data - at)] for at in range(0, data, len(buf))]
+    else:
+        sources = list(data)
     directory.mkdir()
     file = directory / "raw.bin"
     start = time.perf_counter()
     fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        left = nbytes
-        while left:
-            view = buf[: min(left, len(buf))]
+        for view in sources:
             while view:
-                n = os.write(fd, view)
-                view, left = view[n:], left - n
+                view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -300,7 +300,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                 # state was built is slow for reasons of its own (fresh page-cache memory), and
                 # it would always land on the raw baseline, first in the first repeat.
                 with disk_errors_are_the_users(f"the warm-up write ({size} {dtype})", directory):
-                    fmt_io.raw_write(work / f"warmup-{size}-{dtype}", tensor_bytes)
+                    fmt_io.raw_write(work / f"warmup-{size}-{dtype}", fmt_io.state_bytes(held[0]))
                 shutil.rmtree(work / f"warmup-{size}-{dtype}", ignore_errors=True)
                 for rep, job in interleaved(jobs, cfg.repeats):
                     fmt, reduced = job.removesuffix(REDUCED), job.endswith(REDUCED)
@@ -320,7 +320,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                         f"the {job} checkpoint ({size} {dtype})", directory
                     ):
                         where = work / f"{job}-{rep}"
-                        _measure(job, held, tensor_bytes, where, row)
+                        _measure(job, held, where, row)
                     samples.append(row)
                     bar.update()
                 del held
@@ -365,7 +365,7 @@ PAIRED = "ckptsim"
 checkpoint right beside its restore (see :func:`_measure`)."""
 
 
-def _measure(job: str, held: list[Any], nbytes: int, where: Path, row: dict[str, Any]) -> None:
+def _measure(job: str, held: list[Any], where: Path, row: dict[str, Any]) -> None:
     """One save + cold restore of the state ``held[0]``, which the restored one replaces (the
     list is the state's only reference, so a restore can free it before its clock starts).
 
@@ -387,8 +387,8 @@ def _measure(job: str, held: list[Any], nbytes: int, where: Path, row: dict[str,
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP: "assuming ... a single process"
-            if job == "raw":
-                row["save_s"] = fmt_io.raw_write(where, nbytes)
+            if job == "raw":  # the state's own bytes, from its own memory, as a save writes
+                row["save_s"] = fmt_io.raw_write(where, fmt_io.state_bytes(held[0]))
                 row["bytes"] = fmt_io.disk_bytes(where)
                 faults = _minor_faults()
                 row["load_s"] = fmt_io.raw_read(where)

@@ -78,8 +78,8 @@ def _worker(rank: int, world: int, port: int, work: str, shard_bytes: int, repea
                 timing.clear()
                 dist.barrier()
                 start = time.perf_counter()
-                if job == "raw":
-                    fmt_io.raw_write(where / f"r{rank}", nbytes)
+                if job == "raw":  # the shard's own bytes, as DCP writes them
+                    fmt_io.raw_write(where / f"r{rank}", fmt_io.state_bytes(state))
                     timing["data_done"] = time.perf_counter()
                 else:
                     writer = TimedWriter(where, sync_files=True, single_file_per_rank=True)

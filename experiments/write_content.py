@@ -1,0 +1,108 @@
+"""Does what a raw write writes change how long the storage takes? Random bytes against the
+training state's own, beside the ``ckptsim`` save of that state.
+
+The raw baseline of the benchmark once wrote a 64 MB buffer of random bytes over and over; a
+save writes the state's own bytes. On a VM whose storage below compresses, deduplicates or
+caches by content, those two cost different amounts for reasons that have nothing to do with
+the writer. This script builds the complete training state once, then, in rounds whose order
+is shuffled (seeded), each job followed by ``--gap`` seconds of rest, times three writes of it
+(each a fresh directory, fsync'ed, then removed): ``raw_write`` of that many random bytes,
+``raw_write`` of the state's own bytes from its memory (:func:`simulator.bench.formats.
+state_bytes`, the benchmark's baseline since 2026-12-06), and ``ckptio.write_checkpoint`` of the
+state. Prints each job's median, mean and slow rounds (over twice its median), and per-round
+ratios with their distribution-free 95 % intervals (:func:`simulator.engines.results.
+median_ci`). Writes nothing under ``reports/``.
+
+    python experiments/write_content.py [--size 100M] [--rounds 20] [--gap 1.0] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from simulator import ckptio  # noqa: E402
+from simulator.bench import formats as fmt_io  # noqa: E402
+from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
+from simulator.engines.results import median_ci  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="100M", help="model size in parameters (100M: ~1.2 GB)")
+    ap.add_argument("--rounds", type=int, default=20, help="rounds of the three writes")
+    ap.add_argument("--gap", type=float, default=1.0, help="seconds of rest after each write")
+    ap.add_argument("--dir", type=Path, default=REPO, help="where the files are written")
+    args = ap.parse_args(argv)
+    if args.rounds < 6:
+        ap.error(f"--rounds must be at least 6 (a median's 95 % interval), got {args.rounds}")
+    if args.gap < 0:
+        ap.error(f"--gap must be at least 0 seconds, got {args.gap}")
+    state = build_state(parse_size(args.size)).state
+    tensors, tree = flatten(state)
+    own = fmt_io.state_bytes(state)
+    nbytes = sum(len(view) for view in own)
+    work = Path(tempfile.mkdtemp(prefix="ckptsim-content-", dir=args.dir))
+    count = iter(range(1 << 30))
+
+    def timed(write) -> float:
+        where = work / f"w{next(count)}"
+        try:
+            return write(where)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+
+    def save(where: Path) -> float:
+        start = time.perf_counter()
+        ckptio.write_checkpoint(where, tensors, {"tree": tree})
+        return time.perf_counter() - start
+
+    jobs = {
+        "raw, random bytes": lambda where: fmt_io.raw_write(where, nbytes),
+        "raw, the state's bytes": lambda where: fmt_io.raw_write(where, own),
+        "ckptsim save": save,
+    }
+    times: dict[str, list[float]] = {k: [] for k in jobs}
+    rng = np.random.default_rng(0)
+    try:
+        for _ in range(args.rounds):
+            for i in rng.permutation(len(jobs)):
+                name = list(jobs)[i]
+                times[name].append(timed(jobs[name]))
+                time.sleep(args.gap)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"{args.size}: {nbytes / 1e9:.2f} GB, {args.rounds} rounds (shuffled order, "
+          f"{args.gap:g} s rest after each write)")  # fmt: skip
+    for name, t in times.items():
+        med = statistics.median(t)
+        slow = sum(x > 2 * med for x in t)
+        print(f"  {name:24s} median {med:.3f} s, mean {statistics.mean(t):.3f} s, "
+              f"over 2x its median in {slow} of {len(t)}")  # fmt: skip
+
+    def per_round(num: str, den: str) -> str:
+        m, lo, hi = median_ci([a / b for a, b in zip(times[num], times[den], strict=True)])
+        return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    rand, own_name, save_name = list(jobs)
+    print("  median per-round time ratio [95 % interval]:")
+    print(f"    random bytes / the state's bytes   {per_round(rand, own_name)}")
+    print(f"    save / the state's bytes (raw)     {per_round(save_name, own_name)}")
+    print(f"    save / random bytes (raw)          {per_round(save_name, rand)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
