@@ -12,7 +12,9 @@ starts, so the disk's speed for the same bytes in the same blocks),
 clock (``restore-into-model``: the controller's restore in a relaunched job, which reads the
 weights straight into the model's parameters, ``into=``, and the optimizer's moments, which a
 fresh optimizer does not have yet, into fresh memory), and ``read_checkpoint`` with the
-prefault thread switched off (what the thread adds). Ratios are formed per pair.
+prefault thread switched off (what the thread adds), and the raw read done the restore's way
+(4 MB slices, the readahead thread: what the restore's I/O pattern gains apart from the rest).
+Ratios are formed per pair.
 Writes ``reports/restore-fresh-process.md`` and its JSON. About 2 minutes on 2 shared cores.
 
     python experiments/restore_fresh_process.py [--size 100M] [--pairs 10] [--dir DIR]
@@ -38,7 +40,7 @@ from simulator import ckptio  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
 from simulator.engines.results import ratio_intervals, ratio_verdict  # noqa: E402
 
-JOBS = ("raw", "restore", "restore-into-model", "restore-no-prefault")
+JOBS = ("raw", "raw-readahead", "restore", "restore-into-model", "restore-no-prefault")
 
 # One load in this fresh process; prints seconds, minor page faults and bytes prefaulted.
 _CHILD = r"""
@@ -57,8 +59,8 @@ class Counting(prefault.Prefaulter):
         populated.append(self.populated_bytes)
 ckptio.read.Prefaulter = Counting
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-if job == "raw":  # the checkpoint's own tensor file: the same bytes in the same blocks
-    seconds = fmt_io.raw_read(where / "ck", ckptio.TENSOR_FILE)
+if job in ("raw", "raw-readahead"):  # the checkpoint's own tensor file: same bytes, same blocks
+    seconds = fmt_io.raw_read(where / "ck", ckptio.TENSOR_FILE, readahead=job != "raw")
 else:
     into = None
     if job == "restore-into-model":  # the model a relaunch builds first: weights written once
@@ -128,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             by[p, "raw"]["seconds"] / by[p, "restore-no-prefault"]["seconds"]
             for p in range(args.pairs)
         ],
+        "restore into the built model/raw-read the restore's way": [
+            by[p, "raw-readahead"]["seconds"] / by[p, "restore-into-model"]["seconds"]
+            for p in range(args.pairs)
+        ],
+        "raw-read the restore's way/raw-read": [
+            by[p, "raw"]["seconds"] / by[p, "raw-readahead"]["seconds"] for p in range(args.pairs)
+        ],
         "restore/restore without prefault": [
             by[p, "restore-no-prefault"]["seconds"] / by[p, "restore"]["seconds"]
             for p in range(args.pairs)
@@ -162,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "fresh Python process (what a job restarted after a failure does), which first drops "
         "the files' pages with `posix_fadvise(POSIX_FADV_DONTNEED)`: the raw read of the "
         "checkpoint's own tensor file (the benchmark's: 64 MB at a time into one buffer mapped "
-        "before the clock starts), "
+        "before the clock starts), the same read done the restore's way (`raw-readahead`: "
+        "4 MB slices with the restore's thread asking the kernel for the next 64 MB ahead, "
+        "`posix_fadvise(POSIX_FADV_WILLNEED)`; nothing else of the restore), "
         "`read_checkpoint(verify=True)` into fresh memory, the same into a model built "
         "before the clock (`restore-into-model`: what the controller's restore does in a "
         "relaunched job: the fp32 weights read straight into the model's parameters, "
