@@ -6,15 +6,16 @@ failure restores once, into a fresh process, where every page of the restored st
 memory the kernel must fault in. This script times that case: one checkpoint (``ckptio``, the
 complete training state) is written once; then, in pairs, rotated in order, fresh Python
 processes each drop its pages (``posix_fadvise(DONTNEED)``) and time one load: the raw read of
-its tensor file (the benchmark's: 64 MB at a time into one buffer mapped before the clock
-starts, so the disk's speed for the same bytes in the same blocks),
+its tensor file (64 MB at a time into one buffer mapped before the clock starts: a plain
+sequential read of the same bytes in the same blocks),
 ``read_checkpoint(verify=True)`` into fresh memory, the same into a model built before the
 clock (``restore-into-model``: the controller's restore in a relaunched job, which reads the
 weights straight into the model's parameters, ``into=``, and the optimizer's moments, which a
 fresh optimizer does not have yet, into fresh memory), and ``read_checkpoint`` with the
 prefault thread switched off (what the thread adds), and the raw read done the restore's way
 (4 MB slices, the readahead thread: what the restore's I/O pattern gains apart from the rest).
-Ratios are formed per pair.
+Ratios are formed per pair; the 90 % goal is judged against the raw read done the restore's
+way, the faster of the two raw reads here.
 Writes ``reports/restore-fresh-process.md`` and its JSON. About 2 minutes on 2 shared cores.
 
     python experiments/restore_fresh_process.py [--size 100M] [--pairs 10] [--dir DIR]
@@ -130,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             by[p, "raw"]["seconds"] / by[p, "restore-no-prefault"]["seconds"]
             for p in range(args.pairs)
         ],
+        "restore/raw-read the restore's way": [
+            by[p, "raw-readahead"]["seconds"] / by[p, "restore"]["seconds"]
+            for p in range(args.pairs)
+        ],
         "restore into the built model/raw-read the restore's way": [
             by[p, "raw-readahead"]["seconds"] / by[p, "restore-into-model"]["seconds"]
             for p in range(args.pairs)
@@ -143,8 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     summary = {k: ratio_intervals(v, rate=True) for k, v in ratios.items()}
-    verdict = ratio_verdict([summary["restore/raw-read"]], at_least=0.9)
-    verdict_model = ratio_verdict([summary["restore into the built model/raw-read"]], at_least=0.9)
+    # Judged against the raw read done the restore's way (its 4 MB slices and readahead
+    # thread): the plain 64 MB read was up to 3x slower here, a baseline the restore's I/O
+    # pattern alone would beat. The plain read's ratios stay in the table.
+    verdict = ratio_verdict([summary["restore/raw-read the restore's way"]], at_least=0.9)
+    verdict_model = ratio_verdict(
+        [summary["restore into the built model/raw-read the restore's way"]], at_least=0.9
+    )
     name = "restore-fresh-process"
     args.reports.mkdir(parents=True, exist_ok=True)
     (args.reports / f"{name}.json").write_text(
@@ -170,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         "written and fsync'ed once. Each load runs in a "
         "fresh Python process (what a job restarted after a failure does), which first drops "
         "the files' pages with `posix_fadvise(POSIX_FADV_DONTNEED)`: the raw read of the "
-        "checkpoint's own tensor file (the benchmark's: 64 MB at a time into one buffer mapped "
-        "before the clock starts), the same read done the restore's way (`raw-readahead`: "
-        "4 MB slices with the restore's thread asking the kernel for the next 64 MB ahead, "
-        "`posix_fadvise(POSIX_FADV_WILLNEED)`; nothing else of the restore), "
+        "checkpoint's own tensor file (a plain sequential read: 64 MB at a time into one "
+        "buffer mapped before the clock starts), the same read done the restore's way "
+        "(`raw-readahead`: 4 MB slices with the restore's thread asking the kernel for the "
+        "next 64 MB ahead, `posix_fadvise(POSIX_FADV_WILLNEED)`; nothing else of the restore), "
         "`read_checkpoint(verify=True)` into fresh memory, the same into a model built "
         "before the clock (`restore-into-model`: what the controller's restore does in a "
         "relaunched job: the fp32 weights read straight into the model's parameters, "
@@ -185,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         "formed per pair and judged as the benchmark's goals are "
         "(`simulator.engines.results.ratio_verdict`): met only when both the median's "
         "distribution-free 95 % interval and the expected cost's (mean time ratio, Student's "
-        "t) clear the goal.",
+        "t) clear the goal. The goal is judged against the raw read done the restore's way, "
+        "the stricter baseline here; the plain read's ratios are in the table too.",
         "",
         "## Results",
         "",
@@ -214,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     lines += [
         "",
-        f"Restore ≥ 90 % of the raw read in a fresh process, by the project's rule (both whole "
-        f"intervals): into fresh memory **{verdict}**; into the built model, as the controller "
+        "Restore ≥ 90 % of the raw read done the restore's way (4 MB slices, the readahead "
+        "thread; a stricter baseline than the plain 64 MB read, which it outran here) in a "
+        "fresh process, by the project's rule (both whole intervals): into fresh memory "
+        f"**{verdict}**; into the built model, as the controller "
         f"restores a relaunched job, **{verdict_model}**. The benchmark's goal ratio "
         "(`bench-scale-cpu-2core.md`) is a restore into the state's own tensors inside one "
         "process; this is the relaunch's view of the same reader.",

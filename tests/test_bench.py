@@ -260,9 +260,9 @@ def _logged_bench(tmp_path, monkeypatch, jobs):
     log = []
     real_read, real_drop, real_load = fmt_io.raw_read, fmt_io.drop_cache, fmt_io.LOADERS["ckptsim"]
 
-    def raw_read(directory, name="raw.bin"):
-        log.append(("raw read", directory.name, name))
-        return real_read(directory, name)
+    def raw_read(directory, name="raw.bin", *, readahead=False):
+        log.append(("raw read", directory.name, name) + (("readahead",) if readahead else ()))
+        return real_read(directory, name, readahead=readahead)
 
     monkeypatch.setattr(fmt_io, "raw_read", raw_read)
     monkeypatch.setattr(fmt_io, "drop_cache", lambda d: log.append(("drop",)) or real_drop(d))
@@ -286,11 +286,13 @@ def test_each_restore_is_judged_against_a_raw_read_of_its_own_file_right_beside_
     log = [e for e in log if e[0] in ("raw read", "load")]  # the timed reads, in order
     # Repeat 0: the restore first, the raw read of the checkpoint's own tensor file right after;
     # repeat 1 the other way round. The raw job reads its own file, as before.
+    # The pair's raw read is done the restore's way (4 MB slices, the readahead thread), the
+    # raw job's plainly.
     assert log == [
         ("raw read", "raw-0", "raw.bin"),
-        ("load",), ("raw read", "ckptsim-0", ckptio.TENSOR_FILE),
+        ("load",), ("raw read", "ckptsim-0", ckptio.TENSOR_FILE, "readahead"),
         ("raw read", "raw-1", "raw.bin"),
-        ("raw read", "ckptsim-1", ckptio.TENSOR_FILE), ("load",),
+        ("raw read", "ckptsim-1", ckptio.TENSOR_FILE, "readahead"), ("load",),
     ]  # fmt: skip
     rows = [s for s in result.samples if s["format"] == "ckptsim"]
     raws = [s for s in result.samples if s["format"] == "raw"]
@@ -366,7 +368,8 @@ def test_the_paired_read_is_outside_the_restore_fault_count_and_the_restore_is_c
 
     # Repeat 1: the raw read first.
     log, _ = _logged_bench(tmp_path, monkeypatch, [(1, "raw"), (1, "ckptsim")])
-    pair, load = log.index(("raw read", "ckptsim-1", ckptio.TENSOR_FILE)), log.index(("load",))
+    pair = log.index(("raw read", "ckptsim-1", ckptio.TENSOR_FILE, "readahead"))
+    load = log.index(("load",))
     assert pair < load and log[pair + 1 : load].count(("faults",)) == 1  # read, then window
     assert ("drop",) in log[log.index(("faults",), pair) : load]  # the restore's own drop
 
@@ -395,7 +398,6 @@ def test_every_restore_and_raw_read_records_the_page_faults_it_took(tmp_path, mo
     assert by_format["raw"]["load_minor_faults_median"] == 7
 
 
-@pytest.mark.slow
 def test_the_raw_write_writes_the_states_own_bytes_from_its_memory(tmp_path, monkeypatch):
     # The save's baseline writes the bytes the save writes: random bytes of the same count
     # took the storage below the project's VM up to 3.5x as long (experiments/write_content.py).
@@ -422,6 +424,7 @@ def test_the_raw_write_writes_the_states_own_bytes_from_its_memory(tmp_path, mon
     assert (tmp_path / "n" / "raw.bin").stat().st_size == 5 + (64 << 20)
 
 
+@pytest.mark.slow
 def test_parallel_writers_run_real_gloo_ranks_against_as_many_raw_writers(tmp_path, capsys):
     out = tmp_path / "profile.json"
     argv = ["bench", "--sizes", "300K,2M", "--formats", "ckptsim", "--repeats", "2"]

@@ -451,15 +451,19 @@ def _await(condition, seconds: float = 10.0) -> bool:
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
-def test_readahead_asks_for_the_file_in_order_ahead_of_the_reader_and_no_further(monkeypatch):
+def test_readahead_asks_for_the_file_in_order_ahead_of_the_reader_and_no_further(
+    tmp_path, monkeypatch
+):
     from simulator.ckptio.readahead import Readahead
 
     size, ahead, step = 100 << 20, 24 << 20, 5 << 20
-    asked = []  # (offset, bytes, the reader's position when asked)
-    ra = Readahead(-1, size, ahead=ahead, step=step)
+    asked, fds = [], set()  # (offset, bytes, the reader's position when asked)
+    reader = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    ra = Readahead(reader, size, ahead=ahead, step=step)
 
     def fadvise(fd, offset, nbytes, advice):
-        assert (fd, advice) == (-1, os.POSIX_FADV_WILLNEED)
+        assert advice == os.POSIX_FADV_WILLNEED
+        fds.add(fd)
         asked.append((offset, nbytes, ra._pos))
 
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
@@ -476,6 +480,32 @@ def test_readahead_asks_for_the_file_in_order_ahead_of_the_reader_and_no_further
     assert sum(a[1] for a in asked) == size and asked[-1][0] + asked[-1][1] == size
     assert all(offset < pos + ahead for offset, _, pos in asked)
     assert not any(t.name == "ckptio-readahead" for t in threading.enumerate())
+    # The thread used a duplicate of the reader's descriptor, closed when it ended: a file
+    # that reuses the reader's number after it is closed is never touched.
+    (dup,) = fds
+    assert dup != reader
+    with pytest.raises(OSError):
+        os.fstat(dup)
+    os.close(reader)
+
+
+def test_a_restore_goes_on_where_no_helper_thread_can_start(tmp_path, monkeypatch):
+    # Neither the readahead nor the prefault thread (the class is threading's own: both) is
+    # worth failing a valid checkpoint's read for.
+    from simulator.ckptio import readahead
+
+    state = {"w": torch.randn(3 << 18), "b": torch.arange(9)}
+    write_checkpoint(tmp_path / "ck", state, {})
+
+    def cannot(thread):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(readahead.threading.Thread, "start", cannot)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    tensors, _ = read_checkpoint(tmp_path / "ck")
+    assert all(_bits_equal(tensors[k], v) for k, v in state.items())
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds  # the duplicate was closed
 
 
 def test_a_restore_asks_for_its_tensor_file_ahead_and_goes_on_where_the_hint_fails(

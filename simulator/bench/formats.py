@@ -135,8 +135,9 @@ def _raw_read_buffer() -> memoryview:
 def raw_read(directory: Path, name: str = "raw.bin", *, readahead: bool = False) -> float:
     """Seconds to read the file ``name`` in ``directory`` back from disk (the directory's
     pages dropped first), 64 MB at a time into one buffer mapped in advance, with the restore's
-    readahead hint (``POSIX_FADV_SEQUENTIAL``, which doubles the window): the disk's speed,
-    whatever the allocator holds.
+    readahead hint (``POSIX_FADV_SEQUENTIAL``, which doubles the window): a plain sequential
+    read, whatever the allocator holds (the benchmark's raw job; on the project's VM it was at
+    times 3x slower than the same read done the restore's way, below).
 
     ``readahead``: read it the way a restore does instead, in
     :data:`~simulator.ckptio.layout.READ_CHUNK` slices with a

@@ -370,18 +370,22 @@ def _measure(job: str, held: list[Any], where: Path, row: dict[str, Any]) -> Non
     list is the state's only reference, so a restore can free it before its clock starts).
 
     The :data:`PAIRED` format's restore is timed back to back with a raw read of the
-    checkpoint's own tensor file (the same bytes in the same blocks), the order swapped every
-    other repeat (``raw_pair_load_s``): the restore goal's ratio, free of whatever ran between
-    two jobs and of where on the disk two files happened to land. (Its save is held to the raw
-    job's write of the same repeat: a raw write beside the save was tried, and at 1.2 GB it
-    took twice the raw job's time in either order, for reasons not found, which would have
-    flattered the save.)"""
+    checkpoint's own tensor file (the same bytes in the same blocks, read with the restore's
+    own I/O pattern: :func:`~simulator.bench.formats.raw_read` with ``readahead``), the order
+    swapped every other repeat (``raw_pair_load_s``): the restore goal's ratio, free of
+    whatever ran between two jobs and of where on the disk two files happened to land. (Its
+    save is held to the raw job's write of the same repeat: a raw write beside the save was
+    tried, and at 1.2 GB it took twice the raw job's time in either order, for reasons not
+    found, which would have flattered the save.)"""
     paired = job == PAIRED
     raw_first = row["repeat"] % 2 == 1
 
     def raw_pair_load() -> None:
         if paired:
-            row["raw_pair_load_s"] = fmt_io.raw_read(where, ckptio.TENSOR_FILE)
+            # Read the restore's way (its 4 MB slices and readahead thread, nothing else of
+            # it): a plain 64 MB read was up to 3x slower on the project's VM, a baseline the
+            # restore's own I/O pattern alone would beat.
+            row["raw_pair_load_s"] = fmt_io.raw_read(where, ckptio.TENSOR_FILE, readahead=True)
             row["raw_pair_load_bytes"] = (where / ckptio.TENSOR_FILE).stat().st_size
 
     try:

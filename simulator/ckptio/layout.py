@@ -186,9 +186,10 @@ READ_CHUNK = 4 << 20
 """Bytes per scatter read of a restore. Small enough that the slice just read is still in the
 CPU's last-level cache when its CRC-32 is computed right after (~36 GB/s there, against
 ~10 GB/s once a 64 MB slice has gone out to memory: 8 ms instead of 20-37 ms per 300 MB on the
-project's VM), large enough that the calls cost nothing; the kernel's readahead keeps the disk
-streaming ahead of the reader either way (a cold 300 MB file read in 1, 4 or 64 MB calls took
-the same time there)."""
+project's VM), large enough that the calls cost nothing. The kernel's own readahead alone did
+not keep the device busy at this size (a 1.2 GB file read plainly in 4 MB calls was slower than
+in 64 MB calls, ad hoc); a thread asking for the bytes ahead does
+(:mod:`simulator.ckptio.readahead`)."""
 IOV_MAX = 1024
 """Buffers per readv call: POSIX's minimum, Linux's limit."""
 

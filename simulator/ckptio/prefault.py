@@ -84,8 +84,13 @@ class Prefaulter:
 
     def __enter__(self) -> Prefaulter:
         if self._steps:
-            self._thread = threading.Thread(target=self._run, name="ckptio-prefault", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="ckptio-prefault", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # "can't start new thread": the reads fault their own pages
+                self._mapped_to = math.inf
+                return self
+            self._thread = thread
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -167,11 +167,10 @@ def _load_tensors(
     :data:`~simulator.ckptio.layout.READ_CHUNK` bytes each, straight into the tensors
     (:func:`~simulator.ckptio.layout.io_groups`): no file mapping (whose 4 KiB page faults read a
     cold file at a fraction of the disk's speed), no intermediate copy. The checksum of each
-    slice is computed right after its read, from the CPU's cache, while the kernel fetches the
-    next slices, asked for ahead of the reader by a
-    :class:`~simulator.ckptio.readahead.Readahead` thread (a thread trailing 64 MB slices to
-    checksum them read them back from memory at a third of the speed, and on a busy 2-core
-    machine competed with the reader for a core);
+    slice is computed right after its read, from the CPU's cache (a CRC thread trailing 64 MB
+    slices read them back from memory at a third of the speed, and on a busy 2-core machine
+    competed with the reader for a core), while the kernel fetches the next slices, asked for
+    ahead of the reader by a :class:`~simulator.ckptio.readahead.Readahead` thread;
     a :class:`~simulator.ckptio.prefault.Prefaulter` maps the fresh tensors' pages in a thread
     ahead of the reads, so the reader mostly copies. The bytes become tensors only through a
     dtype table and shapes checked against the offsets, never through code in the file.

@@ -224,7 +224,12 @@ def format_table(result) -> str:
         # Say "beside a raw read of its own file" only where the samples hold that pair (not an
         # object store's run, nor a profile measured before it).
         paired = any("raw_pair_load_s" in s for s in result.samples)
-        beside = ", each restore beside a raw read of its own file" if paired else ""
+        beside = (
+            ", each restore beside a raw read of its own file done the restore's way (4 MB "
+            "slices, the readahead thread)"
+            if paired
+            else ""
+        )
         lines.append(
             f"restore/raw-read ratio, same run, per repeat{beside} (median, then expected from "
             "the mean time, each [95% interval]): "
