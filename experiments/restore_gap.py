@@ -1,18 +1,19 @@
 """Where a restore's time goes against the raw read: the I/O pattern, the CRC-32, the rest.
 
 One ``ckptio`` checkpoint of the complete training state is written once; then, in rounds
-whose order is shuffled (seeded), four cold reads of it are timed inside this process, each
+whose order is shuffled (seeded), five cold reads of it are timed inside this process, each
 after ``posix_fadvise(DONTNEED)`` of the checkpoint's files: the raw read of its tensor file
-(the benchmark's baseline, :func:`simulator.bench.formats.raw_read`: 64 MB ``readinto``), the
-same raw read done the restore's way (``readahead=True``: 4 MB slices with a
+(:func:`simulator.bench.formats.raw_read`, plain: 64 MB ``readinto``), the same raw read done
+the restore's way (``readahead=True``: 4 MB slices with a
 :class:`~simulator.ckptio.readahead.Readahead` thread asking for the bytes ahead, nothing
-else), and ``read_checkpoint(into=<the state's tensors>)`` with ``verify=False`` and with
-``verify=True`` (the restore the controller and the benchmark run). Per round it forms
-raw/restore (bandwidth, higher is better) against each raw read, and
-verify=False/verify=True (what the CRC-32 costs); prints the medians with their
-distribution-free 95 % intervals (:func:`simulator.engines.results.median_ci`). Then, with
-the page cache warm (no disk), the restores again: what is CPU work. Writes nothing under
-``reports/``.
+else; the benchmark's restore baseline), and ``read_checkpoint(into=<the state's tensors>)``
+with ``verify=False`` and with ``verify=True`` (the restore the controller and the benchmark
+run), and the latter with its readahead thread never started (what the thread gains the
+restore). Per round it forms raw/restore (bandwidth, higher is better) against each raw read,
+verify=False/verify=True (what the CRC-32 costs) and no-readahead/readahead; prints the
+medians with their distribution-free 95 % intervals
+(:func:`simulator.engines.results.median_ci`). Then, with the page cache warm (no disk), the
+restores again: what is CPU work. Writes nothing under ``reports/``.
 
     python experiments/restore_gap.py [--size 25M] [--rounds 150] [--dir DIR]
 """
@@ -36,13 +37,22 @@ if str(REPO) not in sys.path:
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
+from simulator.ckptio import read as ckptio_read  # noqa: E402
+from simulator.ckptio.readahead import Readahead  # noqa: E402
 from simulator.engines.results import median_ci  # noqa: E402
+
+
+class _NoReadahead(Readahead):
+    """The restore's readahead thread, never started: the restore reads on its own."""
+
+    def __enter__(self) -> _NoReadahead:
+        return self
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="25M", help="model size in parameters (25M: ~290 MB)")
-    ap.add_argument("--rounds", type=int, default=150, help="rounds of the four reads")
+    ap.add_argument("--rounds", type=int, default=150, help="rounds of the five reads")
     ap.add_argument("--dir", type=Path, default=REPO, help="where the checkpoint is written")
     args = ap.parse_args(argv)
     if args.rounds < 6:
@@ -55,11 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         ckptio.write_checkpoint(where, tensors, {"tree": tree})
         nbytes = (where / ckptio.TENSOR_FILE).stat().st_size
 
-        def restore(verify: bool) -> float:
-            fmt_io.drop_cache(where)
-            start = time.perf_counter()
-            ckptio.read_checkpoint(where, verify=verify, into=tensors)
-            return time.perf_counter() - start
+        def restore(verify: bool, ahead: bool = True, cold: bool = True) -> float:
+            if cold:
+                fmt_io.drop_cache(where)
+            # ahead=False: the same restore with its readahead thread never started.
+            cls = ckptio_read.Readahead
+            ckptio_read.Readahead = cls if ahead else _NoReadahead
+            try:
+                start = time.perf_counter()
+                ckptio.read_checkpoint(where, verify=verify, into=tensors)
+                return time.perf_counter() - start
+            finally:
+                ckptio_read.Readahead = cls
 
         reads = {
             "raw read": lambda: fmt_io.raw_read(where, ckptio.TENSOR_FILE),
@@ -68,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "restore, verify=False": lambda: restore(False),
             "restore, verify=True": lambda: restore(True),
+            "restore, no readahead": lambda: restore(True, ahead=False),
         }
         rng = np.random.default_rng(0)
         times: dict[str, list[float]] = {k: [] for k in reads}
@@ -76,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(reads[name]())
         # Warm: the file stays in the page cache (no drop), so what is left is CPU work.
         warm = {}
-        for verify in (False, True):
-            ckptio.read_checkpoint(where, verify=verify, into=tensors)
-            start = time.perf_counter()
-            for _ in range(10):
-                ckptio.read_checkpoint(where, verify=verify, into=tensors)
-            warm[verify] = (time.perf_counter() - start) / 10
+        for key, verify, ahead in (
+            ("verify=False", False, True),
+            ("verify=True", True, True),
+            ("verify=True, no readahead", True, False),
+        ):
+            restore(verify, ahead, cold=False)
+            warm[key] = statistics.mean(restore(verify, ahead, cold=False) for _ in range(10))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -102,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"    raw read/raw read, readahead    {per_round('raw read', 'raw read, readahead')}")
     print(f"    verify=False/verify=True (CRC) "
           f"{per_round('restore, verify=False', 'restore, verify=True')}")  # fmt: skip
-    print(f"  warm page cache, mean of 10: verify=False {warm[False] * 1e3:.1f} ms, "
-          f"verify=True {warm[True] * 1e3:.1f} ms")  # fmt: skip
+    print(f"    no readahead/readahead (verify=True) "
+          f"{per_round('restore, no readahead', 'restore, verify=True')}")  # fmt: skip
+    print("  warm page cache, mean of 10: "
+          + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in warm.items()))  # fmt: skip
     return 0
 
 

@@ -487,17 +487,19 @@ def test_fresh_process_restore_study_times_each_load_in_its_own_process(tmp_path
     ]
 
 
-def test_restore_gap_study_times_four_cold_reads_a_round_and_leaves_nothing(
+def test_restore_gap_study_times_five_cold_reads_a_round_and_leaves_nothing(
     tmp_path, capsys, monkeypatch
 ):
     from experiments import restore_gap
     from simulator import ckptio
+    from simulator.ckptio.readahead import Readahead
 
     verifies = []
     real = ckptio.read_checkpoint
 
     def read_checkpoint(path, *, verify=True, into=None):
-        verifies.append(verify)
+        # Which restore: verify, and whether its readahead thread is the real one.
+        verifies.append((verify, ckptio.read.Readahead is Readahead))
         return real(path, verify=verify, into=into)
 
     raws = []
@@ -516,8 +518,11 @@ def test_restore_gap_study_times_four_cold_reads_a_round_and_leaves_nothing(
     assert "raw read, readahead/restore, verify=True" in out
     assert raws.count(False) == raws.count(True) == 6
     assert "[nan" not in out  # 6 rounds: the medians' intervals exist
-    # 6 cold restores each way, then 11 warm ones each way.
-    assert verifies.count(False) == verifies.count(True) == 6 + 11
+    # 6 cold restores each way, then 11 warm ones each way; the thread is put back after.
+    for way in ((False, True), (True, True), (True, False)):
+        assert verifies.count(way) == 6 + 11
+    assert len(verifies) == 3 * (6 + 11) and ckptio.read.Readahead is Readahead
+    assert "no readahead/readahead (verify=True)" in out
     assert list(tmp_path.iterdir()) == []  # the checkpoint is removed
     with pytest.raises(SystemExit):
         restore_gap.main(["--rounds", "5"])
