@@ -77,8 +77,9 @@ def _raw_buffer() -> memoryview:
 
 
 def state_bytes(state: Any) -> list[memoryview]:
-    """The bytes of every tensor of ``state`` (nested, as the benchmark holds it), in memory,
-    uncopied: what :func:`raw_write` writes for the raw baseline of that state."""
+    """The bytes of every CPU tensor of ``state`` (nested, as the benchmark holds it; its
+    states live on the CPU), in memory, uncopied: what :func:`raw_write` writes for the raw
+    baseline of that state."""
     tensors, _tree = flatten(state)
     return [
         memoryview(bytes_of(t.contiguous()))
