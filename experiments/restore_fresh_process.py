@@ -119,33 +119,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     took = time.time() - started
     by = {(r["pair"], r["job"]): r for r in rows}
+
+    def faster(job: str, than: str) -> list[float]:
+        """Per pair, ``than``'s time over ``job``'s (bandwidth ratio, higher is better)."""
+        return [by[p, than]["seconds"] / by[p, job]["seconds"] for p in range(args.pairs)]
+
     ratios = {
-        "restore/raw-read": [
-            by[p, "raw"]["seconds"] / by[p, "restore"]["seconds"] for p in range(args.pairs)
-        ],
-        "restore into the built model/raw-read": [
-            by[p, "raw"]["seconds"] / by[p, "restore-into-model"]["seconds"]
-            for p in range(args.pairs)
-        ],
-        "restore without prefault/raw-read": [
-            by[p, "raw"]["seconds"] / by[p, "restore-no-prefault"]["seconds"]
-            for p in range(args.pairs)
-        ],
-        "restore/raw-read the restore's way": [
-            by[p, "raw-readahead"]["seconds"] / by[p, "restore"]["seconds"]
-            for p in range(args.pairs)
-        ],
-        "restore into the built model/raw-read the restore's way": [
-            by[p, "raw-readahead"]["seconds"] / by[p, "restore-into-model"]["seconds"]
-            for p in range(args.pairs)
-        ],
-        "raw-read the restore's way/raw-read": [
-            by[p, "raw"]["seconds"] / by[p, "raw-readahead"]["seconds"] for p in range(args.pairs)
-        ],
-        "restore/restore without prefault": [
-            by[p, "restore-no-prefault"]["seconds"] / by[p, "restore"]["seconds"]
-            for p in range(args.pairs)
-        ],
+        "restore/raw-read": faster("restore", "raw"),
+        "restore into the built model/raw-read": faster("restore-into-model", "raw"),
+        "restore without prefault/raw-read": faster("restore-no-prefault", "raw"),
+        "restore/raw-read the restore's way": faster("restore", "raw-readahead"),
+        "restore into the built model/raw-read the restore's way": faster(
+            "restore-into-model", "raw-readahead"
+        ),
+        "raw-read the restore's way/raw-read": faster("raw-readahead", "raw"),
+        "restore/restore without prefault": faster("restore", "restore-no-prefault"),
     }
     summary = {k: ratio_intervals(v, rate=True) for k, v in ratios.items()}
     # Judged against the raw read done the restore's way (its 4 MB slices and readahead
