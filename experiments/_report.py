@@ -12,8 +12,18 @@ import time
 from pathlib import Path
 
 from simulator.display import format_usd
+from simulator.engines.results import median_ci
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def per_round_ratio(num: list[float], den: list[float]) -> str:
+    """The median of ``num[i] / den[i]`` over rounds with its distribution-free 95 % interval
+    (:func:`~simulator.engines.results.median_ci`), as ``0.970 [0.925, 1.049]``."""
+    m, lo, hi = median_ci([a / b for a, b in zip(num, den, strict=True)])
+    return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 REPORTS = ROOT / "reports"
 FIGURES = REPORTS / "figures"
 

@@ -34,12 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments._report import per_round_ratio  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
 from simulator.ckptio import read as ckptio_read  # noqa: E402
 from simulator.ckptio.readahead import Readahead  # noqa: E402
-from simulator.engines.results import median_ci  # noqa: E402
 
 
 class _NoReadahead(Readahead):
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:24s} median {statistics.median(t):.4f} s")
 
     def per_round(num: str, den: str) -> str:
-        m, lo, hi = median_ci([a / b for a, b in zip(times[num], times[den], strict=True)])
-        return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+        return per_round_ratio(times[num], times[den])
 
     print("  median per-round ratio [95 % interval]:")
     for raw in ("raw read", "raw read, readahead"):

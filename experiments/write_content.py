@@ -32,10 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments._report import per_round_ratio  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
-from simulator.engines.results import median_ci  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
               f"over 2x its median in {slow} of {len(t)}")  # fmt: skip
 
     def per_round(num: str, den: str) -> str:
-        m, lo, hi = median_ci([a / b for a, b in zip(times[num], times[den], strict=True)])
-        return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+        return per_round_ratio(times[num], times[den])
 
     rand, own_name, save_name = list(jobs)
     print("  median per-round time ratio [95 % interval]:")

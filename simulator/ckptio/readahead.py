@@ -79,13 +79,10 @@ class Readahead:
     def __exit__(self, *exc: object) -> None:
         if self._thread is None:
             return
-        try:
-            with self._changed:
-                self._stop = True
-                self._changed.notify()
-        finally:
+        with self._changed:
             self._stop = True
-            self._thread.join()
+            self._changed.notify()
+        self._thread.join()
 
     def _run(self, fd: int) -> None:
         try:
