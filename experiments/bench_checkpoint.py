@@ -218,7 +218,7 @@ def _goal_lines(result: BenchResult) -> list[str]:
                 else f"{p['low']:.3f} to {p['high']:.3f}"
             )
             lo, hi = p["expected_low"], p["expected_high"]
-            eci = "— (one repeat)" if lo != lo else f"{lo:.3f} to {hi:.3f}"
+            eci = "— (too few repeats)" if lo != lo else f"{lo:.3f} to {hi:.3f}"
             lines.append(
                 f"  | {p['size']} | {p['dtype']} | {p['n']} | {p['median']:.3f} | {ci} "
                 f"| {p['expected']:.3f} | {eci} |"

@@ -223,6 +223,11 @@ def test_report_rerendered_from_stored_samples_is_honest(tmp_path):
     assert "- `writer_ratio_to_raw` (goal ≥ 0.9): **not met**." in md
     assert "**met**." not in md
     assert "the disk was not measured again" in md
+    # Sizes of 2-5 repeats show no interval in either view (Student's t over two of them had
+    # put a rate at "0.269 to inf"), and say why.
+    goal_rows = [r for r in md.splitlines() if r.startswith("  | ") and "fp32 |" in r]
+    assert goal_rows and not any(" inf " in r or "-" in r.split("|")[7] for r in goal_rows)
+    assert all(r.count("— (too few repeats)") in (0, 2) for r in goal_rows)
     fits = md.split("## Fitted cost model")[1].split("R² is on seconds")[0]
     rows = [r.split("|") for r in fits.splitlines() if r.startswith("| ") and "latency" not in r]
     latencies = [float(r[i]) for r in rows for i in (2, 5)]

@@ -139,3 +139,14 @@ def test_the_interval_of_a_never_negative_column_stops_at_zero():
     assert d["mean"] == 0.05 and d["ci95"][0] == 0.0 and d["ci95"][1] > 0.05
     signed = [-1.0] + [0.0] * 18 + [1.0]  # a difference may be negative: left alone
     assert describe(signed)["ci95"][0] < 0
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_too_few_repeats_for_a_median_interval_give_no_expected_interval_either(n):
+    # Student's t over two stall-prone timings put a stored rate at "0.27 to inf": a time
+    # interval reaching below 0. Below 6 repeats neither view has an interval.
+    p = ratio_intervals([0.81, 0.30, 0.9, 0.7, 1.1][:n], rate=True)
+    assert math.isnan(p["low"]) and math.isnan(p["expected_low"]) and math.isnan(p["expected_high"])
+    assert math.isfinite(p["expected"]) and ratio_verdict([p], at_least=0.9) != "met"
+    six = ratio_intervals([0.81, 0.30, 0.9, 0.7, 1.1, 0.95], rate=True)
+    assert math.isfinite(six["low"]) and 0 < six["expected_low"] < six["expected_high"]

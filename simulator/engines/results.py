@@ -130,6 +130,11 @@ def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
       the mean and its bounds are turned back into a rate (an interval reaching 0 time leaves
       the rate unbounded above). Otherwise the ratios are times already (a stall over a save).
 
+    Where the typical repeat has no interval (fewer than 6 repeats at 95 %, or a value that
+    is not finite), neither has the expected cost: Student's t over 2-5 timings that now and then stall for a multiple of the
+    others reaches 0 or a negative time, a rate of "0.27 to inf" that says nothing (the
+    verdict is "not shown" there either way).
+
     Returns n, the median with ``low``/``high``, ``expected`` with ``expected_low``/
     ``expected_high``, and the ``values``.
     """
@@ -144,6 +149,8 @@ def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
         expected, e_low, e_high = back(m), back(hi), back(lo)
     else:
         expected, e_low, e_high = mean_ci(x)
+    if low != low:  # too few repeats (or a failed one): no interval in either view
+        e_low = e_high = math.nan
     return dict(n=len(x), median=median, low=low, high=high) | dict(
         expected=expected, expected_low=e_low, expected_high=e_high, values=x
     )
