@@ -131,9 +131,9 @@ def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
       the rate unbounded above). Otherwise the ratios are times already (a stall over a save).
 
     Where the typical repeat has no interval (fewer than 6 repeats at 95 %, or a value that
-    is not finite), neither has the expected cost: Student's t over 2-5 timings that now and then stall for a multiple of the
-    others reaches 0 or a negative time, a rate of "0.27 to inf" that says nothing (the
-    verdict is "not shown" there either way).
+    is not finite), neither has the expected cost: Student's t over 2-5 timings that now and
+    then stall for a multiple of the others reaches 0 or a negative time, a rate of "0.27 to
+    inf" that says nothing (the verdict is "not shown" there either way).
 
     Returns n, the median with ``low``/``high``, ``expected`` with ``expected_low``/
     ``expected_high``, and the ``values``.
