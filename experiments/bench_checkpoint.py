@@ -4,10 +4,11 @@ Runs ``simulator.bench`` (the code behind ``ckptsim bench``) in three passes —
 over all formats, a larger size for the two goal ratios (the project's writer vs the raw disk,
 the async stall vs a synchronous save), and a bf16-with-fp32-master pass — then fits the cost
 model and writes ``reports/bench-<machine>.md``, the profile JSON beside it and a figure under
-``reports/figures/``. About 10 minutes on 2 cores and a virtual disk (more on a shared
-machine); ``--quick`` ~1 minute. ``--from-json PROFILE`` re-renders the report and figure from
-the samples a profile JSON stores (refitting them), without touching the disk: a report can
-follow a change to the fit or the goal rule without a new measurement, and says so.
+``reports/figures/``. About 3 minutes on 2 cores and a virtual disk (3.1 and 3.2 in two runs
+on 2026-12-06; more on a shared machine); ``--quick`` ~1 minute. ``--from-json PROFILE``
+re-renders the report and figure from the samples a profile JSON stores (refitting them),
+without touching the disk: a report can follow a change to the fit or the goal rule without a
+new measurement, and says so.
 
 Goals are judged per repeat at every measured size (``simulator.engines.results.goal_verdict``): met
 only when every size's whole 95 % interval meets the goal.
@@ -173,7 +174,7 @@ def _provenance(m: dict, args) -> str:
         f"Re-rendered by `{run} --from-json {args.from_json.as_posix()}` from the measurements "
         f"stored there, taken on {m['date_utc']} by `{m.get('command', run)}`{took}; the disk was "
         "not measured again. The fits, goal verdicts and figure are recomputed from those "
-        "samples; a fresh measurement is `" + run + "` (about 9 minutes of disk writes)."
+        "samples; a fresh measurement is `" + run + "` (about 3 minutes of disk writes)."
     )
 
 
