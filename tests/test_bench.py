@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -245,6 +247,9 @@ def test_restore_is_judged_against_the_raw_read_of_the_same_repeat(tmp_path, cap
     assert main([*argv, "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "restore/raw-read ratio, same run" in out and "POSIX_FADV_DONTNEED" in out
+    # two repeats: no interval, and the line says how to get one
+    assert "[" not in out.split("restore/raw-read ratio")[1].splitlines()[0].split("):")[1]
+    assert "no interval below 6 repeats: --repeats 6 or more gives one" in out
     assert main([*argv, "--dir", str(tmp_path), "--json"]) == 0
     restore = json.loads(capsys.readouterr().out)["goals"]["restore_ratio_to_raw"]
     assert restore["goal_min"] == 0.9
@@ -570,6 +575,45 @@ def test_the_raw_read_reads_every_byte_into_one_buffer_mapped_before_its_clock(t
     # the bytes that arrive are the file's (the last read's 5 bytes land at the front)
     with open(tmp_path / "raw" / "raw.bin", "rb") as f:
         assert bytes(fmt_io._raw_read_buffer()[:5]) == f.read()[-5:]
+
+
+@pytest.mark.parametrize("readahead", [False, True], ids=["64MB-reads", "restore-pattern"])
+def test_the_raw_read_done_the_restores_way_reads_its_slices_with_the_readahead_thread(
+    tmp_path, monkeypatch, readahead
+):
+    # The restore's baseline must do the restore's I/O: READ_CHUNK slices reported to a
+    # readahead thread that asks for the whole file. The plain read: 64 MB reads, no thread.
+    from simulator.ckptio.layout import READ_CHUNK
+    from simulator.ckptio.readahead import Readahead
+
+    seen: list[Readahead] = []
+
+    class Recorded(Readahead):
+        def __init__(self, fd, size, **kw):
+            super().__init__(fd, size, **kw)
+            self.positions: list[int] = []
+            seen.append(self)
+
+        def at(self, pos):
+            self.positions.append(pos)
+            super().at(pos)
+            # At the end, give the thread time to ask (the reader may outrun it on a warm
+            # disk): a thread that never asks for the whole file still fails below.
+            deadline = time.monotonic() + 10
+            while threaded and pos == nbytes and self.asked_bytes < nbytes:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+
+    threaded = readahead and hasattr(os, "posix_fadvise")
+    monkeypatch.setattr(fmt_io, "Readahead", Recorded)
+    nbytes = 5 * READ_CHUNK + 7
+    fmt_io.raw_write(tmp_path / "raw", nbytes)
+    fmt_io.raw_read(tmp_path / "raw", readahead=readahead)
+    (ahead,) = seen
+    step = READ_CHUNK if readahead else fmt_io._RAW_CHUNK
+    assert ahead.positions == [*range(step, nbytes, step), nbytes]
+    assert ahead.asked_bytes == (nbytes if threaded else 0)
 
 
 def _rchar() -> int:

@@ -238,6 +238,11 @@ def format_table(result) -> str:
                 f", {p['expected']:.2f}{_interval(p['expected_low'], p['expected_high'])}"
                 for p in restore["per_size"]
             )
+            + (
+                " (no interval below 6 repeats: --repeats 6 or more gives one)"
+                if any(p["low"] != p["low"] and p["n"] < 6 for p in restore["per_size"])
+                else ""
+            )
         )
     if not remote:
         lines.append(
