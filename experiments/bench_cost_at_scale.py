@@ -137,13 +137,40 @@ def _plot_ratios(goals):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="25M,100M")
-    ap.add_argument("--writers", default="1,2,4,8")
-    ap.add_argument("--repeats", type=int, default=None, help="15; 6 with --quick")
-    ap.add_argument("--writer-repeats", type=int, default=5)
-    ap.add_argument("--dir", type=Path, default=REPO)
-    ap.add_argument("--machine", default="cpu-2core")
-    ap.add_argument("--reports", type=Path, default=REPO / "reports")
+    ap.add_argument(
+        "--sizes",
+        default="25M,100M",
+        help="model sizes in parameters, comma-separated (default 25M,100M: 290 MB and 1.2 GB "
+        "of fp32 weights and AdamW moments)",
+    )
+    ap.add_argument(
+        "--writers",
+        default="1,2,4,8",
+        help="parallel writer counts (gloo ranks) saving the largest state (default 1,2,4,8)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="repeats per size; a goal interval needs at least 6 (default 15; 6 with --quick)",
+    )
+    ap.add_argument(
+        "--writer-repeats", type=int, default=5, help="repeats per writer count (default 5)"
+    )
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        default=REPO,
+        help="where the checkpoints are written: the disk measured (default: the repository)",
+    )
+    ap.add_argument(
+        "--machine",
+        default="cpu-2core",
+        help="name for the report's files, reports/bench-scale-NAME.md (default cpu-2core)",
+    )
+    ap.add_argument(
+        "--reports", type=Path, default=REPO / "reports", help="report folder (default reports/)"
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
