@@ -240,6 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         f"- Disk: `{m.get('disk_device')}` at `{m.get('mount_point')}` ({m.get('filesystem')}). "
         f"Shared machine: load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
         "after; expect tens of per cent of run-to-run spread.",
+        {
+            True: "- Memory: this VM hands memory left free for ~2 s back to its host "
+            "(virtio-balloon free page reporting). Using such memory again costs a fault on "
+            "the host, which falls on whichever timed job follows a pause "
+            "(`experiments/vm_memory.py`; the README gives its numbers).",
+            False: "- Memory: a virtio balloon without free page reporting.",
+            None: "- Memory: no virtio balloon found (no free page reporting to a host).",
+        }[m.get("free_page_reporting")],
         "",
         "## Method",
         "",
@@ -352,9 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"- {params:.3g} parameters over {nodes:,} nodes (bf16 + fp32 master, "
             f"{cost.bytes / 1e12:.2f} TB): write {cost.write_s:.3g} s at "
-            f"{cost.aggregate_bytes_per_s / 1e12:.3g} TB/s aggregate; warnings: "
-            + "; ".join(cost.warnings)
+            f"{cost.aggregate_bytes_per_s / 1e12:.3g} TB/s aggregate"
+            + (
+                ", with these warnings (as `ckptsim optimize --profile` prints them):"
+                if cost.warnings
+                else "."
+            )
         )
+        lines += [f"  - {w}" for w in cost.warnings]
     lines += [
         "",
         "## Left alone",

@@ -824,3 +824,62 @@ def test_reduced_precision_is_refused_over_an_object_store():
     cfg = BenchConfig(directory="s3://bucket/run", formats=("ckptsim",), optimizer_precision="int8")
     with pytest.raises(InputError, match="is measured on a file system, not at s3://bucket/run"):
         check_remote(cfg)
+
+
+def _virtio(root, name, device, features):
+    dev = root / name
+    dev.mkdir(parents=True)
+    (dev / "device").write_text(device + "\n")
+    (dev / "features").write_text(features + "\n")
+
+
+@pytest.mark.parametrize(
+    "devices, expected",
+    [
+        ([("virtio0", "0x0005", "0110010100000000")], True),  # the project's VM's balloon
+        ([("virtio0", "0x0005", "0110000000000000")], False),  # a balloon, no reporting
+        ([("virtio0", "0x0002", "0000010000000000")], None),  # a disk's bit 5 is not it
+        ([("virtio1", "0x0001", "1"), ("virtio0", "0x0005", "00000")], False),  # short features
+        ([], None),
+    ],
+)
+def test_free_page_reporting_is_read_from_the_balloons_feature_bit(tmp_path, devices, expected):
+    from simulator.bench.runner import free_page_reporting
+
+    for name, device, features in devices:
+        _virtio(tmp_path, name, device, features)
+    assert free_page_reporting(tmp_path) is expected
+    assert free_page_reporting(tmp_path / "absent") is None  # not Linux, or no virtio bus
+
+
+@pytest.mark.parametrize("reporting", [True, False, None])
+def test_a_run_on_a_vm_that_reports_free_pages_says_what_that_does_to_its_timings(
+    tmp_path, monkeypatch, capsys, reporting
+):
+    from simulator.bench import runner
+
+    monkeypatch.setattr(runner, "free_page_reporting", lambda: reporting)
+    argv = ["bench", "--sizes", "300K", "--formats", "ckptsim", "--repeats", "1"]
+    assert main([*argv, "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    said = "note: this VM hands memory left free for ~2 s back to its host" in out
+    assert said is (reporting is True)
+    assert main([*argv, "--dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["machine"]["free_page_reporting"] is reporting
+
+
+def test_the_vm_memory_experiment_times_writes_and_fills_after_each_pause(tmp_path, capsys):
+    from experiments import vm_memory
+
+    argv = ["--mb", "2", "--gaps", "0,0.1", "--rounds", "2", "--dir", str(tmp_path)]
+    assert vm_memory.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("free page reporting to the host: ")
+    rows = [r for r in map(str.split, out.splitlines()) if len(r) == 5 and r[0][0].isdigit()]
+    assert [r[0] for r in rows] == ["0.0", "0.1"]
+    assert all(float(v) >= 0 for r in rows for v in r[1:3]) and all(float(r[3]) > 0 for r in rows)
+    assert list(tmp_path.iterdir()) == []
+    for bad, why in ((["--gaps", "x"], "not a list of seconds"), (["--mb", "0"], "1 to 8192")):
+        with pytest.raises(SystemExit):
+            vm_memory.main(bad)
+        assert why in capsys.readouterr().err

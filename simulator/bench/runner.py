@@ -236,7 +236,36 @@ def machine_facts(directory: Path) -> dict[str, Any]:
         "disk_total_bytes": shutil.disk_usage(directory).total,
     }
     facts.update(_mount_of(directory))
+    facts["free_page_reporting"] = free_page_reporting()
     return facts
+
+
+_BALLOON = "0x0005"
+"""virtio device id of a memory balloon."""
+_BALLOON_F_REPORTING = 5
+"""The balloon's free page reporting feature bit (``VIRTIO_BALLOON_F_REPORTING``)."""
+
+
+def free_page_reporting(devices: Path = Path("/sys/bus/virtio/devices")) -> bool | None:
+    """Whether this machine is a VM that hands free memory back to its host (a virtio balloon
+    with free page reporting): True, False (a balloon without it), or None (no balloon found,
+    or not Linux).
+
+    On such a VM a page that stayed free for about 2 s is discarded by the host, and using it
+    again costs a fault there: several µs a page against well under one when it is reused at
+    once (``experiments/vm_memory.py``). A write's page cache and a restore's fresh memory come
+    from that free memory, so a benchmark job that follows a pause pays for it, whichever job
+    that is."""
+    found = None
+    try:
+        for dev in devices.iterdir():
+            if (dev / "device").read_text().strip() != _BALLOON:
+                continue
+            bits = (dev / "features").read_text().strip()
+            found = bool(found) or bits[_BALLOON_F_REPORTING : _BALLOON_F_REPORTING + 1] == "1"
+    except OSError:
+        return found
+    return found
 
 
 def _mount_of(directory: Path) -> dict[str, str]:
@@ -335,7 +364,21 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
-    return summarise(samples, notes, machine_facts(directory))
+    machine = machine_facts(directory)
+    if machine["free_page_reporting"]:
+        notes.append(FREE_PAGE_NOTE)
+    return summarise(samples, notes, machine)
+
+
+FREE_PAGE_NOTE = (
+    "this VM hands memory left free for ~2 s back to its host (virtio-balloon free page "
+    "reporting); using it again costs a fault on the host, which falls on whichever timed job "
+    "follows a pause, the raw baseline as often as a format: expect wide intervals. A save "
+    "after minutes of training meets that memory too, so it can take several times the "
+    "back-to-back saves timed here (python experiments/vm_memory.py measures the effect: on "
+    "the project's VM a 290 MB write took 1.5 s after a 2 s pause, 0.06 s without one)"
+)
+"""The note a run on such a VM prints (see :func:`free_page_reporting`)."""
 
 
 def interleaved(jobs: list[str], repeats: int) -> Iterator[tuple[int, str]]:

@@ -1,0 +1,131 @@
+"""Why a checkpoint's time on a VM depends on how long ago memory was freed: the cost of
+touching memory again after a pause, and what it does to a file write.
+
+A VM whose balloon device reports free memory to its host (virtio-balloon's free page
+reporting, Linux ``page_reporting``: blocks of 2^``page_reporting_order`` pages that stay free
+for about 2 s are handed back, and the host discards their contents) pays a fault on the host
+the next time the guest uses such a page. A write goes through the page cache, whose pages
+come from that free memory, so the same write is fast right after the previous file was
+deleted (its pages are reused while still backed) and slow after a pause. In the benchmark,
+which job meets that pause is an accident of order and timing, on the code path and on the
+raw baseline alike.
+
+This script says whether this machine reports free pages, then, in shuffled rounds, frees
+``--mb`` MB (a deleted file's page cache, or a freed buffer), waits each ``--gaps``
+seconds, and times (1) ``os.write`` of that many bytes into a new file, then its fsync
+separately, and (2) filling a fresh buffer of that many bytes. Medians, in µs per 4 KiB page
+for the fill. Writes nothing under ``reports/``; about 2 minutes with the defaults.
+
+    python experiments/vm_memory.py [--mb 290] [--gaps 0,0.5,1,2,4] [--rounds 6] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from simulator.bench.runner import free_page_reporting  # noqa: E402
+
+PAGE = 4096
+
+
+def _gaps(text: str) -> list[float]:
+    try:
+        gaps = [float(g) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of seconds like 0,1,2: {text!r}") from None
+    if not gaps or min(gaps) < 0 or max(gaps) > 30:
+        raise argparse.ArgumentTypeError(f"--gaps must be seconds from 0 to 30, got {text}")
+    return gaps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=290, help="MB (2^20 bytes) per write (290)")
+    ap.add_argument(
+        "--gaps", type=_gaps, default=_gaps("0,0.5,1,2,4"), help="pauses in seconds (0,0.5,1,2,4)"
+    )
+    ap.add_argument("--rounds", type=int, default=6, help="rounds, each every gap once (6)")
+    ap.add_argument("--dir", type=Path, default=REPO, help="where the files are written")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    if not 1 <= args.mb <= 8192:
+        ap.error(f"--mb must be 1 to 8192, got {args.mb}")
+    args.size = args.mb << 20
+    if not args.dir.is_dir():
+        ap.error(f"--dir {args.dir} is not a directory")
+    reporting = free_page_reporting()
+    print(
+        "free page reporting to the host: "
+        + {True: "yes", False: "no", None: "unknown (no virtio balloon found)"}[reporting]
+    )
+    source = np.random.default_rng(0).integers(0, 256, args.size, dtype=np.uint8)
+    work = Path(tempfile.mkdtemp(prefix="ckptsim-vm-memory-", dir=args.dir))
+    rng = random.Random(0)
+    writes: dict[float, list[tuple[float, float]]] = {g: [] for g in args.gaps}
+    fills: dict[float, list[float]] = {g: [] for g in args.gaps}
+    try:
+        previous = _write(work, source)[0]  # a file whose deletion frees the pages
+        for _ in range(args.rounds):
+            for gap in rng.sample(args.gaps, len(args.gaps)):
+                shutil.rmtree(previous)
+                time.sleep(gap)
+                previous, write_s, fsync_s = _write(work, source)
+                writes[gap].append((write_s, fsync_s))
+            for gap in rng.sample(args.gaps, len(args.gaps)):
+                held = np.ones(args.size, dtype=np.uint8)  # memory in use, then freed
+                del held
+                time.sleep(gap)
+                start = time.perf_counter()
+                fresh = np.ones(args.size, dtype=np.uint8)
+                fills[gap].append(time.perf_counter() - start)
+                del fresh
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    pages = args.size / PAGE
+    print(f"{args.size / 1e6:,.0f} MB per write, {args.rounds} rounds (medians; slowest)")
+    print(f"{'pause s':>8} {'write s':>8} {'fsync s':>8} {'fill µs/page':>13} {'slowest':>8}")
+    for gap in args.gaps:
+        w = [x[0] for x in writes[gap]]
+        print(
+            f"{gap:8.1f} {statistics.median(w):8.3f} "
+            f"{statistics.median(x[1] for x in writes[gap]):8.3f} "
+            f"{statistics.median(fills[gap]) / pages * 1e6:13.2f} "
+            f"{max(fills[gap]) / pages * 1e6:8.2f}"
+        )
+    return 0
+
+
+def _write(work: Path, source: np.ndarray) -> tuple[Path, float, float]:
+    """A new directory with one file of ``source``'s bytes: (directory, write s, fsync s)."""
+    where = Path(tempfile.mkdtemp(dir=work))
+    fd = os.open(where / "data", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        start = time.perf_counter()
+        view = memoryview(source)
+        while view:
+            view = view[os.write(fd, view) :]
+        wrote = time.perf_counter()
+        os.fsync(fd)
+        synced = time.perf_counter()
+    finally:
+        os.close(fd)
+    return where, wrote - start, synced - wrote
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
