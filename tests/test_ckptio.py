@@ -256,14 +256,39 @@ def test_real_file_size_limit_mid_tensor_write_is_a_clean_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_interrupt_during_write_removes_the_temp_dir(tmp_path, monkeypatch):
-    real_save = ckptio.write.save_file
+def test_the_tensor_file_is_byte_for_byte_what_safetensors_save_file_writes(tmp_path):
+    # The save hands the library's serializer each tensor's address itself (save_file's
+    # numpy wrapping cost 9-10 ms a save): the file must be exactly the library's own, for
+    # every dtype a checkpoint holds, empty and 0-d tensors, and tied weights made separate.
+    from safetensors.torch import save_file
 
-    def interrupted(tensors, file, **kw):  # Ctrl-C once the tensor file is on disk
-        real_save(tensors, file, **kw)
+    from simulator.ckptio.layout import TORCH_DTYPES
+
+    tensors = {f"t_{str(d).removeprefix('torch.')}": torch.ones(3, 2).to(d) for d in TORCH_DTYPES}
+    emb = torch.randn(5, 4)
+    tensors |= {"empty": torch.empty(0, 3), "scalar": torch.tensor(2.5), "emb": emb, "out": emb}
+    write_checkpoint(tmp_path / "ck", tensors, {})
+    separate = {k: v.clone() for k, v in tensors.items()}
+    save_file(separate, tmp_path / "library.safetensors", metadata={"format": "pt"})
+    ours = (tmp_path / "ck" / ckptio.TENSOR_FILE).read_bytes()
+    assert ours == (tmp_path / "library.safetensors").read_bytes()
+    loaded = read_checkpoint(tmp_path / "ck")[0]
+    assert loaded.keys() == separate.keys() and loaded["scalar"].item() == 2.5
+    assert all(
+        torch.equal(loaded[k].view(torch.uint8), v.view(torch.uint8))  # bits, fp8 included
+        for k, v in separate.items()
+        if v.dim()  # a 0-d tensor has no byte view
+    )
+
+
+def test_interrupt_during_write_removes_the_temp_dir(tmp_path, monkeypatch):
+    real_save = ckptio.write.serialize_file
+
+    def interrupted(specs, file, **kw):  # Ctrl-C once the tensor file is on disk
+        real_save(specs, file, **kw)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckptio.write, "save_file", interrupted)
+    monkeypatch.setattr(ckptio.write, "serialize_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_checkpoint(tmp_path / "ck", _state(), META)
     assert list(tmp_path.iterdir()) == []
@@ -310,7 +335,7 @@ def test_async_write_error_surfaces_once_on_next_call(tmp_path, monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckptio.write, "save_file", full)
+    monkeypatch.setattr(ckptio.write, "serialize_file", full)
     writer.submit(tmp_path / "s1", stage(_state()), {})
     with pytest.raises(CheckpointWriteError, match="No space left"):
         writer.submit(tmp_path / "s2", stage(_state()), {})

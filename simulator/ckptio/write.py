@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
+from safetensors import SafetensorError, TensorSpec, serialize_file
 
 from simulator.ckptio.layout import (
     _CRC_CHUNK,
@@ -153,6 +153,14 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     """Write the tensors with the safetensors library (straight from their memory, no copy)
     and return the file's size and CRC-32.
 
+    The library's serializer is handed each tensor's address and length
+    (``safetensors.serialize_file`` with a ``TensorSpec`` per tensor): the tensors are dense,
+    contiguous, CPU-resident and non-overlapping already (:func:`_checked_tensors`), and
+    ``safetensors.torch.save_file``, which checks the same and then wraps every tensor in a
+    numpy array to learn its address, spent 9-10 ms doing so for a 290 MB GPT state's 353
+    tensors, 5 % of its save (README, issue 16). The tensors stay referenced by ``tensors``
+    until the call returns.
+
     The CRC is computed in a thread from the tensors in memory, in the order the file's header
     places them, while the file is flushed to the device: the same value as reading the file
     back, without a second pass over the disk. (A hand-written writer, gather writes with the
@@ -160,8 +168,9 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     was no faster once the write-back was left out, and with it a save now and then stalled
     for 3-5x as long.)
     """
+    specs = {name: _spec(t) for name, t in tensors.items()}
     try:
-        save_file(tensors, file, metadata={"format": "pt"})
+        serialize_file(specs, file, metadata={"format": "pt"})
     except SafetensorError as exc:
         # The library's Rust writer reports I/O failures as text ("... (os error 28)").
         found = re.search(r"os error (\d+)", str(exc))
@@ -183,6 +192,22 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
         if fsync:
             fsync_file(file)
     return {"bytes": size, "crc32": crc.value}
+
+
+_NO_BYTES = np.zeros(1, dtype=np.uint8)
+"""A valid address for a tensor of no bytes (the serializer reads none of it)."""
+
+
+def _spec(t: torch.Tensor) -> TensorSpec:
+    """The serializer's description of a dense contiguous CPU tensor: dtype, shape, address
+    and length of its bytes."""
+    nbytes = t.numel() * t.element_size()
+    return TensorSpec(
+        dtype=str(t.dtype).removeprefix("torch."),
+        shape=list(t.shape),
+        data_ptr=t.data_ptr() if nbytes else _NO_BYTES.ctypes.data,
+        data_len=nbytes,
+    )
 
 
 def _write_bytes(file: Path, data: bytes, *, fsync: bool) -> dict:
