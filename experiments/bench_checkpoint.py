@@ -33,6 +33,7 @@ if str(REPO) not in sys.path:  # run as a script: make `simulator` importable
 
 from simulator.bench import BenchConfig, run_benchmark  # noqa: E402
 from simulator.bench.runner import BenchResult, summarise  # noqa: E402
+from simulator.engines.results import interval_texts  # noqa: E402
 from simulator.model.checkpoint_cost import CostProfile  # noqa: E402
 
 PASSES = {
@@ -213,13 +214,7 @@ def _goal_lines(result: BenchResult) -> list[str]:
             "  |---|---|---|---|---|---|---|",
         ]
         for p in g["per_size"]:
-            ci = (
-                "— (too few repeats)"
-                if p["low"] != p["low"]
-                else f"{p['low']:.3f} to {p['high']:.3f}"
-            )
-            lo, hi = p["expected_low"], p["expected_high"]
-            eci = "— (too few repeats)" if lo != lo else f"{lo:.3f} to {hi:.3f}"
+            ci, eci = interval_texts(p, ".3f")
             lines.append(
                 f"  | {p['size']} | {p['dtype']} | {p['n']} | {p['median']:.3f} | {ci} "
                 f"| {p['expected']:.3f} | {eci} |"

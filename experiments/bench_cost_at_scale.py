@@ -34,6 +34,7 @@ from experiments._report import figure  # noqa: E402
 from simulator.bench import BenchConfig, run_benchmark  # noqa: E402
 from simulator.bench.runner import summarise  # noqa: E402
 from simulator.cli.bench import format_table  # noqa: E402
+from simulator.engines.results import interval_texts  # noqa: E402
 
 
 def _plot(profile):
@@ -212,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{what} >= {g['goal_min']:.0%}: {g['verdict']}")
             for p in g["per_size"]:
                 values = " ".join(f"{v:.2f}" for v in p["values"])
-                print(f"  {p['size']}: median {p['median']:.2f} [{p['low']:.2f}, {p['high']:.2f}],"
-                      f" expected {p['expected']:.2f} [{p['expected_low']:.2f}, "
-                      f"{p['expected_high']:.2f}] over {p['n']} repeats: {values}")  # fmt: skip
+                ci, eci = interval_texts(p)
+                print(f"  {p['size']}: median {p['median']:.2f} ({ci}), expected "
+                      f"{p['expected']:.2f} ({eci}) over {p['n']} repeats: {values}")  # fmt: skip
         print(f"({took:.0f} s; load average {load_before:.1f} before, "
               f"{os.getloadavg()[0]:.1f} after)")  # fmt: skip
         return 0
@@ -240,14 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         f"- Disk: `{m.get('disk_device')}` at `{m.get('mount_point')}` ({m.get('filesystem')}). "
         f"Shared machine: load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
         "after; expect tens of per cent of run-to-run spread.",
-        {
-            True: "- Memory: this VM hands memory left free for ~2 s back to its host "
-            "(virtio-balloon free page reporting). Using such memory again costs a fault on "
-            "the host, which falls on whichever timed job follows a pause "
-            "(`experiments/vm_memory.py`; the README gives its numbers).",
-            False: "- Memory: a virtio balloon without free page reporting.",
-            None: "- Memory: no virtio balloon found (no free page reporting to a host).",
-        }[m.get("free_page_reporting")],
+        "- Memory: free page reporting to the host: "
+        + {True: "yes (see the note under Results)", False: "no"}.get(
+            m.get("free_page_reporting"), "unknown (no virtio balloon found)"
+        )
+        + ".",
         "",
         "## Method",
         "",
@@ -335,10 +333,10 @@ def main(argv: list[str] | None = None) -> int:
             "|---|---|---|---|---|---|---|",
         ]
         for p in g["per_size"]:
+            ci, eci = interval_texts(p)
             lines.append(
-                f"| {p['size']} | {p['n']} | {p['median']:.2f} | {p['low']:.2f} to {p['high']:.2f} "
-                f"| {p['expected']:.2f} | {p['expected_low']:.2f} to {p['expected_high']:.2f} "
-                f"| {min(p['values']):.2f}, {max(p['values']):.2f} |"
+                f"| {p['size']} | {p['n']} | {p['median']:.2f} | {ci} | {p['expected']:.2f} "
+                f"| {eci} | {min(p['values']):.2f}, {max(p['values']):.2f} |"
             )
         lines.append("")
         if goal == "restore_ratio_to_raw":

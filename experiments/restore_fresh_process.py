@@ -39,7 +39,12 @@ if str(REPO) not in sys.path:
 
 from simulator import ckptio  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
-from simulator.engines.results import ratio_intervals, ratio_verdict  # noqa: E402
+from simulator.engines.results import (  # noqa: E402
+    MIN_REPEATS,
+    interval_texts,
+    ratio_intervals,
+    ratio_verdict,
+)
 
 JOBS = ("raw", "raw-readahead", "restore", "restore-into-model", "restore-no-prefault")
 
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reports", type=Path, default=REPO / "reports")
     args = ap.parse_args(argv)
     if args.pairs < 2:
-        ap.error(f"--pairs must be at least 2 (an interval needs two), got {args.pairs}")
+        ap.error(f"--pairs must be at least 2 (an interval needs {MIN_REPEATS}), got {args.pairs}")
     load_before = os.getloadavg()[0]
     started = time.time()
     ts = build_state(parse_size(args.size))
@@ -195,11 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, values in ratios.items():
         p = summary[key]
         each = " ".join(f"{v:.2f}" for v in values)
-        lines.append(
-            f"| {key} | {p['median']:.2f} | {p['low']:.2f} to {p['high']:.2f} "
-            f"| {p['expected']:.2f} | {p['expected_low']:.2f} to {p['expected_high']:.2f} "
-            f"| {each} |"
-        )
+        ci, eci = interval_texts(p)
+        lines.append(f"| {key} | {p['median']:.2f} | {ci} | {p['expected']:.2f} | {eci} | {each} |")
     lines += [
         "",
         "| load | median s | median GB/s | median minor page faults | median bytes prefaulted |",

@@ -150,3 +150,23 @@ def test_too_few_repeats_for_a_median_interval_give_no_expected_interval_either(
     assert math.isfinite(p["expected"]) and ratio_verdict([p], at_least=0.9) != "met"
     six = ratio_intervals([0.81, 0.30, 0.9, 0.7, 1.1, 0.95], rate=True)
     assert math.isfinite(six["low"]) and 0 < six["expected_low"] < six["expected_high"]
+
+
+def test_min_repeats_is_where_the_median_first_has_an_interval():
+    from simulator.engines.results import MIN_REPEATS
+
+    assert math.isnan(median_ci(range(MIN_REPEATS - 1))[1])
+    assert math.isfinite(median_ci(range(MIN_REPEATS))[1])
+
+
+def test_a_point_without_an_interval_says_why_in_both_views():
+    from simulator.engines.results import interval_texts
+
+    few = ratio_intervals([0.9, 1.0], rate=True)
+    assert interval_texts(few) == ("— (too few repeats)",) * 2
+    failed = ratio_intervals([0.95] * 9 + [math.nan], rate=True)
+    assert interval_texts(failed) == ("— (a failed repeat)",) * 2
+    p = ratio_intervals([0.9, 1.0, 0.95, 0.92, 0.97, 0.99, 0.93], rate=True)
+    median_text, expected_text = interval_texts(p, ".3f")
+    assert median_text == f"{p['low']:.3f} to {p['high']:.3f}"
+    assert expected_text == f"{p['expected_low']:.3f} to {p['expected_high']:.3f}"

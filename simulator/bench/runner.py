@@ -247,25 +247,35 @@ _BALLOON_F_REPORTING = 5
 
 
 def free_page_reporting(devices: Path = Path("/sys/bus/virtio/devices")) -> bool | None:
-    """Whether this machine is a VM that hands free memory back to its host (a virtio balloon
-    with free page reporting): True, False (a balloon without it), or None (no balloon found,
-    or not Linux).
-
-    On such a VM a page that stayed free for about 2 s is discarded by the host, and using it
-    again costs a fault there: several µs a page against well under one when it is reused at
-    once (``experiments/vm_memory.py``). A write's page cache and a restore's fresh memory come
-    from that free memory, so a benchmark job that follows a pause pays for it, whichever job
-    that is."""
+    """Whether this machine is a VM that hands free memory back to its host through a virtio
+    balloon with free page reporting: True, False (a balloon without it), or None (no virtio
+    balloon found: not a VM, another hypervisor's balloon, or not Linux). What it does to
+    timings: :data:`FREE_PAGE_NOTE`."""
     found = None
     try:
-        for dev in devices.iterdir():
+        entries = list(devices.iterdir())
+    except OSError:
+        return None
+    for dev in entries:
+        try:
             if (dev / "device").read_text().strip() != _BALLOON:
                 continue
             bits = (dev / "features").read_text().strip()
-            found = bool(found) or bits[_BALLOON_F_REPORTING : _BALLOON_F_REPORTING + 1] == "1"
-    except OSError:
-        return found
+        except OSError:
+            continue  # one unreadable device says nothing of the others
+        found = bool(found) or bits[_BALLOON_F_REPORTING : _BALLOON_F_REPORTING + 1] == "1"
     return found
+
+
+FREE_PAGE_NOTE = (
+    "this VM hands memory left free for ~2 s back to its host (virtio-balloon free page "
+    "reporting), and using it again costs a fault on the host: a job that follows a pause "
+    "pays it, whichever job that is, so expect wide intervals. A save after minutes of "
+    "training meets such memory too and can take several times the back-to-back saves timed "
+    "here (python experiments/vm_memory.py measures the effect on this machine)"
+)
+"""What a run on such a VM notes (see :func:`free_page_reporting`); measured on the project's
+VM by ``experiments/vm_memory.py`` (README)."""
 
 
 def _mount_of(directory: Path) -> dict[str, str]:
@@ -364,21 +374,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
-    machine = machine_facts(directory)
-    if machine["free_page_reporting"]:
-        notes.append(FREE_PAGE_NOTE)
-    return summarise(samples, notes, machine)
-
-
-FREE_PAGE_NOTE = (
-    "this VM hands memory left free for ~2 s back to its host (virtio-balloon free page "
-    "reporting); using it again costs a fault on the host, which falls on whichever timed job "
-    "follows a pause, the raw baseline as often as a format: expect wide intervals. A save "
-    "after minutes of training meets that memory too, so it can take several times the "
-    "back-to-back saves timed here (python experiments/vm_memory.py measures the effect: on "
-    "the project's VM a 290 MB write took 1.5 s after a 2 s pause, 0.06 s without one)"
-)
-"""The note a run on such a VM prints (see :func:`free_page_reporting`)."""
+    return summarise(samples, notes, machine_facts(directory))
 
 
 def interleaved(jobs: list[str], repeats: int) -> Iterator[tuple[int, str]]:
@@ -496,8 +492,12 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) -> BenchResult:
-    """Medians, ratios to raw and goals from raw samples (a run's, or a stored profile's)."""
+    """Medians, ratios to raw and goals from raw samples (a run's, or a stored profile's);
+    ``notes``, and :data:`FREE_PAGE_NOTE` where ``machine`` records free page reporting."""
     from simulator.bench.writers import summarise_writers
+
+    if machine.get("free_page_reporting") and FREE_PAGE_NOTE not in notes:
+        notes = [*notes, FREE_PAGE_NOTE]
 
     parallel = summarise_writers(samples)
     groups: dict[tuple, list[dict]] = {}

@@ -221,6 +221,8 @@ def format_table(result) -> str:
     )
     restore = result.goals.get("restore_ratio_to_raw")
     if restore:
+        from simulator.engines.results import MIN_REPEATS, no_interval
+
         # Say "beside a raw read of its own file" only where the samples hold that pair (not an
         # object store's run, nor a profile measured before it).
         paired = any("raw_pair_load_s" in s for s in result.samples)
@@ -239,8 +241,9 @@ def format_table(result) -> str:
                 for p in restore["per_size"]
             )
             + (
-                " (no interval below 6 repeats: --repeats 6 or more gives one)"
-                if any(p["low"] != p["low"] and p["n"] < 6 for p in restore["per_size"])
+                f" (no interval below {MIN_REPEATS} repeats: --repeats {MIN_REPEATS} or more "
+                "gives one)"
+                if any(no_interval(p) == "too few repeats" for p in restore["per_size"])
                 else ""
             )
         )

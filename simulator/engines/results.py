@@ -88,6 +88,12 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+MIN_REPEATS = 6
+"""The fewest values with a 95 % interval of the median (:func:`median_ci`): with 5, even the
+smallest and largest value cover the median with probability 1 - 2 / 2^5 < 95 %. Below it no
+goal can be judged (:func:`ratio_intervals`)."""
+
+
 def median_ci(values, level: float = 0.95) -> tuple[float, float, float]:
     """Median and distribution-free confidence interval of the median: (median, low, high).
 
@@ -99,8 +105,9 @@ def median_ci(values, level: float = 0.95) -> tuple[float, float, float]:
     others (a neighbour's burst of I/O), which moves a mean and widens its t-interval without
     saying anything about the code measured (Hoefler and Belli, "Scientific benchmarking of
     parallel computing systems", SC'15: check normality before assuming it, else report the
-    median with a nonparametric interval). Too few values for ``level`` (fewer than 6 at
-    95 %) give NaN bounds; so does any value that is not finite (a failed measurement).
+    median with a nonparametric interval). Too few values for ``level`` (fewer than
+    :data:`MIN_REPEATS` at 95 %) give NaN bounds; so does any value that is not finite (a
+    failed measurement).
     """
     x = np.asarray(values, dtype=float).ravel()
     if x.size == 0 or not np.isfinite(x).all():  # a NaN sorts last and would pass unseen
@@ -130,10 +137,11 @@ def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
       the mean and its bounds are turned back into a rate (an interval reaching 0 time leaves
       the rate unbounded above). Otherwise the ratios are times already (a stall over a save).
 
-    Where the typical repeat has no interval (fewer than 6 repeats at 95 %, or a value that
-    is not finite), neither has the expected cost: Student's t over 2-5 timings that now and
-    then stall for a multiple of the others reaches 0 or a negative time, a rate of "0.27 to
-    inf" that says nothing (the verdict is "not shown" there either way).
+    Where the typical repeat has no interval (fewer than :data:`MIN_REPEATS` repeats, or a
+    value that is not finite), neither has the expected cost: Student's t over 2-5 timings
+    that now and then stall for a multiple of the others can reach 0 or a negative time, a
+    rate of "0.27 to inf" that says nothing (the verdict is "not shown" there either way).
+    :func:`no_interval` says which of the two it was.
 
     Returns n, the median with ``low``/``high``, ``expected`` with ``expected_low``/
     ``expected_high``, and the ``values``.
@@ -153,6 +161,27 @@ def ratio_intervals(values, *, rate: bool) -> dict[str, Any]:
         e_low = e_high = math.nan
     return dict(n=len(x), median=median, low=low, high=high) | dict(
         expected=expected, expected_low=e_low, expected_high=e_high, values=x
+    )
+
+
+def no_interval(point: dict[str, Any]) -> str | None:
+    """Why a :func:`ratio_intervals` point has no interval, in words for a report ("too few
+    repeats", "a failed repeat"), or None where it has one."""
+    if point["low"] == point["low"]:
+        return None
+    return "too few repeats" if point["n"] < MIN_REPEATS else "a failed repeat"
+
+
+def interval_texts(point: dict[str, Any], spec: str = ".2f") -> tuple[str, str]:
+    """A :func:`ratio_intervals` point's two intervals as a report prints them, ``"low to
+    high"`` in format ``spec``, or ``"— (too few repeats)"`` / ``"— (a failed repeat)"``
+    where it has none (:func:`no_interval`): the typical repeat's, then the expected cost's."""
+    why = no_interval(point)
+    if why is not None:
+        return (f"— ({why})",) * 2
+    return (
+        f"{point['low']:{spec}} to {point['high']:{spec}}",
+        f"{point['expected_low']:{spec}} to {point['expected_high']:{spec}}",
     )
 
 
