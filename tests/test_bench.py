@@ -905,3 +905,16 @@ def test_the_vm_memory_experiment_times_writes_and_fills_after_each_pause(tmp_pa
         with pytest.raises(SystemExit):
             vm_memory.main(bad)
         assert why in capsys.readouterr().err
+
+
+def test_the_save_overhead_experiment_compares_the_save_and_the_serializers(tmp_path, capsys):
+    from experiments import save_overhead
+
+    assert save_overhead.main(["--size", "300K", "--rounds", "6", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "on disk" in out and "ratio of the medians" in out and "per-round time ratio" in out
+    assert "safetensors.torch.save_file" in out and "per-tensor wrapping" in out
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        save_overhead.main(["--rounds", "5", "--dir", str(tmp_path)])
+    assert "at least 6" in capsys.readouterr().err
