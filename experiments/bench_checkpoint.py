@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:  # run as a script: make `simulator` importable
 
 from simulator.bench import BenchConfig, run_benchmark  # noqa: E402
 from simulator.bench.runner import BenchResult, summarise  # noqa: E402
-from simulator.engines.results import interval_texts  # noqa: E402
+from simulator.engines.results import MIN_REPEATS, interval_texts  # noqa: E402
 from simulator.model.checkpoint_cost import CostProfile  # noqa: E402
 
 PASSES = {
@@ -202,7 +202,7 @@ def _goal_lines(result: BenchResult) -> list[str]:
         "repeat (a restore, where the samples hold one, to a raw read of its own file beside "
         "it) or to the synchronous save. **Not met** when some size's median or expected "
         "value misses it; **not shown** otherwise (an interval straddles the goal, or a size "
-        "ran fewer than 6 repeats and has no median interval).",
+        f"ran fewer than {MIN_REPEATS} repeats and has no median interval).",
         "",
     ]
     for name, g in result.goals.items():

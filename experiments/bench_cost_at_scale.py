@@ -34,7 +34,7 @@ from experiments._report import figure  # noqa: E402
 from simulator.bench import BenchConfig, run_benchmark  # noqa: E402
 from simulator.bench.runner import summarise  # noqa: E402
 from simulator.cli.bench import format_table  # noqa: E402
-from simulator.engines.results import interval_texts  # noqa: E402
+from simulator.engines.results import MIN_REPEATS, interval_texts  # noqa: E402
 
 
 def _plot(profile):
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=None,
-        help="repeats per size; a goal interval needs at least 6 (default 15; 6 with --quick)",
+        help=f"repeats per size; a goal interval needs at least {MIN_REPEATS} (default 15; 6 "
+        "with --quick)",
     )
     ap.add_argument(
         "--writer-repeats", type=int, default=5, help="repeats per writer count (default 5)"

@@ -40,6 +40,7 @@ from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
 from simulator.ckptio import read as ckptio_read  # noqa: E402
 from simulator.ckptio.readahead import Readahead  # noqa: E402
+from simulator.engines.results import MIN_REPEATS  # noqa: E402
 
 
 class _NoReadahead(Readahead):
@@ -55,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=150, help="rounds of the five reads")
     ap.add_argument("--dir", type=Path, default=REPO, help="where the checkpoint is written")
     args = ap.parse_args(argv)
-    if args.rounds < 6:
-        ap.error(f"--rounds must be at least 6 (a median's 95 % interval), got {args.rounds}")
+    if args.rounds < MIN_REPEATS:
+        ap.error(
+            f"--rounds must be at least {MIN_REPEATS} (a median's 95 % interval), got {args.rounds}"
+        )
     state = build_state(parse_size(args.size)).state
     tensors, tree = flatten(state)
     work = Path(tempfile.mkdtemp(prefix="ckptsim-gap-", dir=args.dir))

@@ -36,6 +36,7 @@ from experiments._report import per_round_ratio  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
+from simulator.engines.results import MIN_REPEATS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, default=1.0, help="seconds of rest after each write")
     ap.add_argument("--dir", type=Path, default=REPO, help="where the files are written")
     args = ap.parse_args(argv)
-    if args.rounds < 6:
-        ap.error(f"--rounds must be at least 6 (a median's 95 % interval), got {args.rounds}")
+    if args.rounds < MIN_REPEATS:
+        ap.error(
+            f"--rounds must be at least {MIN_REPEATS} (a median's 95 % interval), got {args.rounds}"
+        )
     if args.gap < 0:
         ap.error(f"--gap must be at least 0 seconds, got {args.gap}")
     state = build_state(parse_size(args.size)).state

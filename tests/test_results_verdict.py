@@ -170,3 +170,14 @@ def test_a_point_without_an_interval_says_why_in_both_views():
     median_text, expected_text = interval_texts(p, ".3f")
     assert median_text == f"{p['low']:.3f} to {p['high']:.3f}"
     assert expected_text == f"{p['expected_low']:.3f} to {p['expected_high']:.3f}"
+
+
+def test_the_bench_help_states_the_repeats_a_goal_interval_needs(capsys):
+    # The CLI's help spells the number out (importing the statistics module costs its start
+    # time): it must be MIN_REPEATS.
+    from simulator.cli import main
+    from simulator.engines.results import MIN_REPEATS
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert f"need {MIN_REPEATS} or more for the median" in " ".join(capsys.readouterr().out.split())
