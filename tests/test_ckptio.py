@@ -258,17 +258,28 @@ def test_real_file_size_limit_mid_tensor_write_is_a_clean_error(tmp_path):
 
 def test_the_tensor_file_is_byte_for_byte_what_safetensors_save_file_writes(tmp_path):
     # The save hands the library's serializer each tensor's address itself (save_file's
-    # numpy wrapping cost 9-10 ms a save): the file must be exactly the library's own, for
-    # every dtype a checkpoint holds, empty and 0-d tensors, and tied weights made separate.
+    # checks and numpy wrapping cost 6.3 ms at 353 tensors, experiments/save_overhead.py):
+    # the file must be exactly the library's own, for every dtype a checkpoint holds, empty
+    # and 0-d tensors, tied weights made separate, and views that start inside their storage
+    # or are not contiguous (an address that ignored the view's offset would pass otherwise).
     from safetensors.torch import save_file
 
     from simulator.ckptio.layout import TORCH_DTYPES
 
-    tensors = {f"t_{str(d).removeprefix('torch.')}": torch.ones(3, 2).to(d) for d in TORCH_DTYPES}
-    emb = torch.randn(5, 4)
+    gen = torch.Generator().manual_seed(3)
+    bits = torch.randint(0, 256, (6 * 8 * 4,), dtype=torch.uint8, generator=gen)
+    tensors = {
+        f"t_{str(d).removeprefix('torch.')}": bits[: 6 * d.itemsize].view(d).reshape(3, -1)
+        for d in TORCH_DTYPES
+        if d != torch.bool
+    }
+    tensors["t_bool"] = bits[:6].reshape(3, 2) > 127
+    emb = torch.randn(5, 4, generator=gen)
+    row = torch.randn(6, 7, generator=gen)
     tensors |= {"empty": torch.empty(0, 3), "scalar": torch.tensor(2.5), "emb": emb, "out": emb}
+    tensors |= {"tail": torch.arange(10.0)[3:], "row": row[2], "t": row.t(), "col": row[:, 1]}
     write_checkpoint(tmp_path / "ck", tensors, {})
-    separate = {k: v.clone() for k, v in tensors.items()}
+    separate = {k: v.contiguous().clone() for k, v in tensors.items()}  # as save_file needs
     save_file(separate, tmp_path / "library.safetensors", metadata={"format": "pt"})
     ours = (tmp_path / "ck" / ckptio.TENSOR_FILE).read_bytes()
     assert ours == (tmp_path / "library.safetensors").read_bytes()
@@ -279,6 +290,61 @@ def test_the_tensor_file_is_byte_for_byte_what_safetensors_save_file_writes(tmp_
         for k, v in separate.items()
         if v.dim()  # a 0-d tensor has no byte view
     )
+
+
+class _Wrapped(torch.Tensor):
+    """A tensor subclass, as a DTensor is one: no plain memory of its own to hand over."""
+
+
+def _emptied() -> torch.Tensor:
+    t = torch.ones(4)
+    t.untyped_storage().resize_(0)  # what FSDP does to a freed parameter's storage
+    return t
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (lambda: torch.ones(3).as_subclass(_Wrapped), "not a plain torch.Tensor"),
+        (lambda: torch.ones(3, device="meta"), "on the meta device"),
+        (_emptied, "0 bytes of storage for 16 bytes"),
+    ],
+    ids=["subclass", "meta", "storage-resized-to-0"],
+)
+def test_a_tensor_without_plain_memory_is_refused_before_anything_is_written(tmp_path, bad, why):
+    # The serializer reads each tensor at the address it is given: a subclass whose address is
+    # 0 (a DTensor) crashed the process with SIGSEGV, and an emptied storage was read past.
+    with pytest.raises((TypeError, ValueError), match=why):
+        write_checkpoint(tmp_path / "ck", {"w": torch.ones(2), "bad": bad()}, {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dtensor_is_refused_with_what_to_save_instead(tmp_path):
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        shard = distribute_tensor(torch.ones(4), mesh, [Replicate()])
+        with pytest.raises(TypeError, match=r"DTensor.*full_tensor\(\) or t\.to_local\(\)"):
+            write_checkpoint(tmp_path / "ck", {"w": shard}, {})
+        assert list(tmp_path.iterdir()) == []
+        write_checkpoint(tmp_path / "ok", {"w": shard.full_tensor()}, {})
+        assert torch.equal(read_checkpoint(tmp_path / "ok")[0]["w"], torch.ones(4))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_negated_view_is_saved_as_its_values(tmp_path):
+    write_checkpoint(tmp_path / "ck", {"w": torch.arange(3.0)._neg_view()}, {})
+    assert torch.equal(read_checkpoint(tmp_path / "ck")[0]["w"], -torch.arange(3.0))
 
 
 def test_interrupt_during_write_removes_the_temp_dir(tmp_path, monkeypatch):
