@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reports", type=Path, default=REPO / "reports")
     args = ap.parse_args(argv)
     if args.pairs < 2:
-        ap.error(f"--pairs must be at least 2 (an interval needs {MIN_REPEATS}), got {args.pairs}")
+        ap.error(f"--pairs must be at least 2 ({MIN_REPEATS} for a 95 % interval): {args.pairs}")
     load_before = os.getloadavg()[0]
     started = time.time()
     ts = build_state(parse_size(args.size))

@@ -15,9 +15,11 @@ position), then in ``--rounds`` rounds, jobs shuffled (seeded), back to back:
    save hands ``serialize_file`` a ``TensorSpec`` per tensor itself (``ckptio.write._spec``).
    The serializer call that follows is the same either way.
 
-Writes nothing under ``reports/``; about a minute at the default size.
+``--report FILE`` also writes what it prints, with the command and date (the committed
+``reports/save-overhead.md``); about a minute at the default size.
 
     python experiments/save_overhead.py [--size 25M] [--rounds 16] [--dir DIR]
+        [--report reports/save-overhead.md]
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments._report import printed_report  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
@@ -47,11 +50,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="25M", help="model size in parameters (25M: ~290 MB)")
     ap.add_argument("--rounds", type=int, default=16, help="rounds of each comparison (16)")
     ap.add_argument("--dir", type=Path, default=REPO, help="the disk the saves are timed on")
+    ap.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write what it prints, with the command and date, to FILE (markdown)",
+    )
     args = ap.parse_args(argv)
     if args.rounds < MIN_REPEATS:
         ap.error(f"--rounds must be at least {MIN_REPEATS} (a median's 95 % interval)")
     if not args.dir.is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
+    if args.report is not None and not args.report.parent.is_dir():
+        ap.error(f"--report {args.report}: no folder {args.report.parent} to write it in")
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     from safetensors.torch import _flatten_as_ptr  # what save_file runs first (private)
 
     state = build_state(parse_size(args.size)).state
@@ -93,18 +106,32 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio, low, high = median_ci([s / r for s, r in zip(times["save"], times["raw"], strict=True)])
-    print(
+    lines = [
         f"{args.size}: {len(tensors)} tensors, {nbytes / 1e6:,.0f} MB, {args.rounds} rounds, "
-        f"medians"
-    )
-    print(f"  on disk ({args.dir}): save {med['save'] * 1e3:.1f} ms, raw write "
-          f"{med['raw'] * 1e3:.1f} ms; ratio of the medians {med['save'] / med['raw']:.3f} "
-          f"(bandwidth {med['raw'] / med['save']:.2f} of raw); per-round time ratio "
-          f"{ratio:.3f} [{low:.3f}, {high:.3f}] (bandwidth {1 / ratio:.2f} "
-          f"[{1 / high:.2f}, {1 / low:.2f}])")  # fmt: skip
-    print(f"  describing the tensors to the serializer: save_file's way "
-          f"{med['save_file'] * 1e3:.2f} ms, a TensorSpec each {med['TensorSpec'] * 1e3:.2f} ms"
-          f" ({(med['save_file'] - med['TensorSpec']) * 1e3:.1f} ms less per save)")  # fmt: skip
+        "medians",
+        f"  on disk ({args.dir}): save {med['save'] * 1e3:.1f} ms, raw write "
+        f"{med['raw'] * 1e3:.1f} ms; ratio of the medians {med['save'] / med['raw']:.3f} "
+        f"(bandwidth {med['raw'] / med['save']:.2f} of raw); per-round time ratio "
+        f"{ratio:.3f} [{low:.3f}, {high:.3f}] (bandwidth {1 / ratio:.3f} "
+        f"[{1 / high:.3f}, {1 / low:.3f}])",
+        f"  describing the tensors to the serializer: save_file's way (checks and numpy "
+        f"wrapping) {med['save_file'] * 1e3:.2f} ms, a TensorSpec each "
+        f"{med['TensorSpec'] * 1e3:.2f} ms ({(med['save_file'] - med['TensorSpec']) * 1e3:.1f} "
+        "ms less per save)",
+    ]
+    print("\n".join(lines))
+    if args.report is not None:
+        printed_report(
+            args.report,
+            "What a save costs beyond the raw write of the same bytes",
+            "experiments/save_overhead.py",
+            argv,
+            started,
+            "jobs shuffled within each round, back to back; the per-round interval is the "
+            "median's distribution-free 95 % interval",
+            lines,
+        )
+        print(f"wrote {args.report}")
     return 0
 
 

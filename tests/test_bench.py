@@ -910,11 +910,17 @@ def test_the_vm_memory_experiment_times_writes_and_fills_after_each_pause(tmp_pa
 def test_the_save_overhead_experiment_compares_the_save_and_the_serializers(tmp_path, capsys):
     from experiments import save_overhead
 
-    assert save_overhead.main(["--size", "300K", "--rounds", "6", "--dir", str(tmp_path)]) == 0
+    work, report = tmp_path / "work", tmp_path / "save-overhead.md"
+    work.mkdir()
+    argv = ["--size", "300K", "--rounds", "6", "--dir", str(work)]
+    assert save_overhead.main([*argv, "--report", str(report)]) == 0
     out = capsys.readouterr().out
     assert "on disk" in out and "ratio of the medians" in out and "per-round time ratio" in out
     assert "describing the tensors to the serializer" in out and "ms less per save" in out
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
+    text = report.read_text()
+    assert "`python experiments/save_overhead.py --size 300K --rounds 6" in text
+    assert all(line in text for line in out.splitlines()[:-1])
     with pytest.raises(SystemExit):
         save_overhead.main(["--rounds", "5", "--dir", str(tmp_path)])
     assert "at least 6" in capsys.readouterr().err
