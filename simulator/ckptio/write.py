@@ -182,9 +182,10 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     (``safetensors.serialize_file`` with a ``TensorSpec`` per tensor): the tensors are dense,
     contiguous, CPU-resident and non-overlapping already (:func:`_checked_tensors`), and
     ``safetensors.torch.save_file``, which checks the same and then wraps every tensor in a
-    numpy array to learn its address, took 6.3 ms checking and wrapping a 290 MB GPT state's
-    353 tensors, against 0.7 ms for the specs (``experiments/save_overhead.py``), of a ~190 ms
-    save. The tensors stay referenced by ``tensors`` until the call returns.
+    numpy array to learn its address, took 5.9 ms checking and wrapping a 290 MB GPT state's
+    353 tensors, against 0.7 ms for the specs, of a ~200 ms save
+    (``reports/save-overhead.md``). The tensors stay referenced by ``tensors`` until the call
+    returns.
 
     The CRC is computed in a thread from the tensors in memory, in the order the file's header
     places them, while the file is flushed to the device: the same value as reading the file
