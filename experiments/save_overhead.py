@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments._report import printed_report  # noqa: E402
+from experiments._report import printed_report, report_option  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
@@ -50,20 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="25M", help="model size in parameters (25M: ~290 MB)")
     ap.add_argument("--rounds", type=int, default=16, help="rounds of each comparison (16)")
     ap.add_argument("--dir", type=Path, default=REPO, help="the disk the saves are timed on")
-    ap.add_argument(
-        "--report",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="also write what it prints, with the command and date, to FILE (markdown)",
-    )
+    report_option(ap)
     args = ap.parse_args(argv)
     if args.rounds < MIN_REPEATS:
         ap.error(f"--rounds must be at least {MIN_REPEATS} (a median's 95 % interval)")
     if not args.dir.is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
-    if args.report is not None and not args.report.parent.is_dir():
-        ap.error(f"--report {args.report}: no folder {args.report.parent} to write it in")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     from safetensors.torch import _flatten_as_ptr  # what save_file runs first (private)
 
@@ -131,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             "median's distribution-free 95 % interval",
             lines,
         )
-        print(f"wrote {args.report}")
     return 0
 
 

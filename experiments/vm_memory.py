@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments._report import printed_report  # noqa: E402
+from experiments._report import printed_report, report_option  # noqa: E402
 from simulator.bench.runner import free_page_reporting  # noqa: E402
 
 PAGE = 4096
@@ -63,13 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--rounds", type=int, default=6, help="rounds, each every gap once (6)")
     ap.add_argument("--dir", type=Path, default=REPO, help="where the files are written")
-    ap.add_argument(
-        "--report",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="also write what it prints, with the command and date, to FILE (markdown)",
-    )
+    report_option(ap)
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -78,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     args.size = args.mib << 20
     if not args.dir.is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
-    if args.report is not None and not args.report.parent.is_dir():
-        ap.error(f"--report {args.report}: no folder {args.report.parent} to write it in")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     reporting = free_page_reporting()
     lines = [
@@ -136,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
             "same size after freeing one and the pause",
             lines,
         )
-        print(f"wrote {args.report}")
     return 0
 
 

@@ -924,3 +924,6 @@ def test_the_save_overhead_experiment_compares_the_save_and_the_serializers(tmp_
     with pytest.raises(SystemExit):
         save_overhead.main(["--rounds", "5", "--dir", str(tmp_path)])
     assert "at least 6" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused before the run, not after it
+        save_overhead.main(["--report", str(tmp_path / "absent" / "r.md")])
+    assert "no folder" in capsys.readouterr().err
