@@ -268,11 +268,11 @@ def free_page_reporting(devices: Path = Path("/sys/bus/virtio/devices")) -> bool
 
 
 FREE_PAGE_NOTE = (
-    "this VM hands memory left free for ~2 s back to its host (virtio-balloon free page "
-    "reporting), and using it again costs a fault on the host: a job that follows a pause "
-    "pays it, whichever job that is, so expect wide intervals. A save after minutes of "
-    "training meets such memory too and can take several times the back-to-back saves timed "
-    "here (python experiments/vm_memory.py measures the effect on this machine)"
+    "this VM hands memory left free for a second or two back to its host (virtio-balloon "
+    "free page reporting), and using it again costs a fault on the host: a job that follows "
+    "a pause pays it, whichever job that is, so expect wide intervals. A save after minutes "
+    "of training meets such memory too and can take several times the back-to-back saves "
+    "timed here (python experiments/vm_memory.py measures the effect on this machine)"
 )
 """What a run on such a VM notes (see :func:`free_page_reporting`); measured on the project's
 VM by ``experiments/vm_memory.py`` (README)."""
