@@ -171,6 +171,11 @@ def test_cli_json_has_the_documented_keys_and_writes_a_loadable_profile(tmp_path
             ["--sizes", "1M", "--formats", "ckptsim,dcp", "--optimizer-precision", "int8"],
             "--formats dcp cannot be measured with --optimizer-precision int8",
         ),
+        (["--sizes", "1M", "--pause", "700"], "--pause 700: at most 600 seconds"),
+        (
+            ["--sizes", "1M", "--pause", "5", "--dir", "s3://bucket/run"],
+            "--pause is measured on a local --dir only",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, capsys):
@@ -178,6 +183,23 @@ def test_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "pause, message",
+    [
+        ("-1", "must be a non-negative number of seconds, got -1"),
+        ("nan", "must be a non-negative number of seconds, got nan"),
+        ("inf", "must be a non-negative number of seconds, got inf"),
+        ("2m", "'2m' is not a number of seconds"),
+    ],
+)
+def test_a_pause_that_is_not_seconds_is_one_line(pause, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--dir", str(tmp_path), "--sizes", "1M", "--pause", pause])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and message in err and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_too_little_free_disk_is_refused_before_writing(tmp_path, capsys, monkeypatch):
@@ -262,17 +284,18 @@ def test_restore_is_judged_against_the_raw_read_of_the_same_repeat(tmp_path, cap
         assert len(p["values"]) == 2 and p["expected"] == pytest.approx(2 / sum(times))
 
 
-def _logged_bench(tmp_path, monkeypatch, jobs):
+def _logged_bench(tmp_path, monkeypatch, jobs, log=None, **config):
     """A 1M ckptsim benchmark run over ``jobs`` ((repeat, job) in order), logging its raw
-    reads, restores, cache drops and page-fault counts as they happen: (log, result)."""
+    reads, restores, cache drops and page-fault counts as they happen into ``log`` (a new
+    list by default), with ``config`` for its :class:`BenchConfig`: (log, result)."""
     from simulator.bench import runner
 
-    log = []
+    log = [] if log is None else log
     real_read, real_drop, real_load = fmt_io.raw_read, fmt_io.drop_cache, fmt_io.LOADERS["ckptsim"]
 
-    def raw_read(directory, name="raw.bin", *, readahead=False):
+    def raw_read(directory, name="raw.bin", *, readahead=False, pause_s=0.0):
         log.append(("raw read", directory.name, name) + (("readahead",) if readahead else ()))
-        return real_read(directory, name, readahead=readahead)
+        return real_read(directory, name, readahead=readahead, pause_s=pause_s)
 
     monkeypatch.setattr(fmt_io, "raw_read", raw_read)
     monkeypatch.setattr(fmt_io, "drop_cache", lambda d: log.append(("drop",)) or real_drop(d))
@@ -282,7 +305,9 @@ def _logged_bench(tmp_path, monkeypatch, jobs):
     monkeypatch.setattr(runner, "_minor_faults", lambda: log.append(("faults",)) or 0)
     monkeypatch.setattr(runner, "interleaved", lambda *_: iter(jobs))
     repeats = len({rep for rep, _ in jobs})
-    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=repeats)
+    cfg = BenchConfig(
+        directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=repeats, **config
+    )
     return log, run_benchmark(cfg, progress=False)
 
 
@@ -927,3 +952,69 @@ def test_the_save_overhead_experiment_compares_the_save_and_the_serializers(tmp_
     with pytest.raises(SystemExit):  # refused before the run, not after it
         save_overhead.main(["--report", str(tmp_path / "absent" / "r.md")])
     assert "no folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.0123])
+def test_a_pause_leaves_the_machine_idle_right_before_every_timed_save_and_read(
+    tmp_path, monkeypatch, pause
+):
+    # --pause: each clock (the raw job's write and read, the save, the restore, the paired raw
+    # read) starts after an idle pause, and the pages that part does not use (the previous
+    # job's files, the dropped cache) are let go before the pause, not after it.
+    import time
+
+    log, real_sleep, real_write = [], time.sleep, fmt_io.raw_write
+    real_save = fmt_io.SAVERS["ckptsim"]
+
+    def sleep(seconds):
+        if seconds == pause:  # the pause's own sleeps only (threads may sleep too)
+            log.append(("idle",))
+        return real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(
+        fmt_io, "raw_write", lambda d, b: log.append(("write",)) or real_write(d, b)
+    )
+    monkeypatch.setitem(fmt_io.SAVERS, "ckptsim", lambda *a: log.append(("save",)) or real_save(*a))
+    jobs = [(r, job) for r in range(2) for job in ("raw", "ckptsim")]
+    _, result = _logged_bench(tmp_path, monkeypatch, jobs, log=log, pause_s=pause)
+    timed = [i for i, e in enumerate(log) if e[0] in ("write", "save", "load", "raw read")]
+    # Warm-up write (untimed, no pause), then per repeat: raw write + raw read, save + restore
+    # + the paired raw read: 5 clocks a repeat.
+    assert len(timed) == 1 + 5 * 2
+    idles = [e for e in log if e == ("idle",)]
+    if not pause:
+        assert idles == []
+    else:
+        assert len(idles) == 5 * 2
+        for i in timed[1:]:
+            if log[i][0] in ("write", "save", "load"):
+                assert log[i - 1] == ("idle",), log[i - 3 : i + 1]
+        # Each restore and raw read: its cache drop, then the pause, then the clock.
+        for i, e in enumerate(log):
+            if e == ("load",):
+                assert log[i - 2 : i] == [("drop",), ("idle",)], log[i - 4 : i + 1]
+            if e[0] == "raw read":
+                assert log[i + 1 : i + 3] == [("drop",), ("idle",)], log[i : i + 4]
+    rows = [s for s in result.samples if s.get("bench") != "writers"]
+    assert rows and all(r["pause_s"] == pause for r in rows)
+    paused = any("idle (--pause)" in n for n in result.notes)
+    assert paused is bool(pause)
+
+
+def test_the_cli_pause_times_saves_after_idle_and_says_so(tmp_path, capsys):
+    # A user's run: --pause through the CLI reaches every timed job, the table notes it, and
+    # the profile (--out) keeps each sample's pause.
+    out = tmp_path / "profile.json"
+    work = tmp_path / "w"
+    work.mkdir()
+    argv = ["bench", "--sizes", "300K,1M", "--formats", "ckptsim", "--repeats", "1"]
+    assert main([*argv, "--dir", str(work), "--pause", "0.05", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "began after 0.05 s idle (--pause)" in table
+    samples = CostProfile.load(out).samples
+    assert samples and {s["pause_s"] for s in samples} == {0.05}
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--pause S" in text and "at most 600; a local --dir only" in text

@@ -133,7 +133,9 @@ def _raw_read_buffer() -> memoryview:
     return memoryview(_READ_BUFFER)
 
 
-def raw_read(directory: Path, name: str = "raw.bin", *, readahead: bool = False) -> float:
+def raw_read(
+    directory: Path, name: str = "raw.bin", *, readahead: bool = False, pause_s: float = 0.0
+) -> float:
     """Seconds to read the file ``name`` in ``directory`` back from disk (the directory's
     pages dropped first), 64 MB at a time into one buffer mapped in advance, with the restore's
     readahead hint (``POSIX_FADV_SEQUENTIAL``, which doubles the window): a plain sequential
@@ -146,6 +148,9 @@ def raw_read(directory: Path, name: str = "raw.bin", *, readahead: bool = False)
     restore's own I/O, without its parsing, checksum or tensors: what ``experiments/
     restore_gap.py`` sets a restore beside).
 
+    ``pause_s``: seconds idle between dropping the pages and starting the clock (the
+    benchmark's ``--pause``).
+
     (``f.read(64 MB)``, a fresh buffer per call, measured the allocator as much as the disk:
     inside the benchmark loop it reused freed heap memory and mapped no page, in a fresh
     process it faulted in every page, ~0.7-2 µs each on the project's VM, as slow as the read.)
@@ -153,6 +158,8 @@ def raw_read(directory: Path, name: str = "raw.bin", *, readahead: bool = False)
     buf = _raw_read_buffer()
     chunk = READ_CHUNK if readahead else len(buf)
     drop_cache(directory)
+    if pause_s:
+        time.sleep(pause_s)
     start = time.perf_counter()
     with open(directory / name, "rb", buffering=0) as f:
         if hasattr(os, "posix_fadvise"):  # the readahead hint the restore gives its file

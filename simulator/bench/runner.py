@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import math
 import os
 import platform
 import shutil
@@ -74,6 +75,13 @@ class BenchConfig:
     weights_precision: str = "fp32"
     """The model's weights as the controller's ``weights_precision`` stores them: fp32 (exact)
     or bf16."""
+    pause_s: float = 0.0
+    """Seconds left idle before each timed save and each timed restore (and before the raw
+    jobs' and the paired raw read's clocks), after the previous job's files and pages are let
+    go (``--pause``): 0 times them back to back. On a VM that hands freed memory back to its
+    host (:func:`free_page_reporting`) a save made after minutes of training allocates page
+    cache from reclaimed memory; a pause of a few seconds times that save, which back-to-back
+    jobs, reusing memory just freed, do not (``reports/vm-memory.md``)."""
     seed: int = 0
 
     def __post_init__(self):
@@ -97,6 +105,8 @@ class BenchConfig:
             parse_size(s)
         if self.repeats < 1:
             raise InputError(f"repeats must be at least 1, got {self.repeats}")
+        if not 0 <= self.pause_s < math.inf:  # NaN fails this too
+            raise InputError(f"pause must be a finite number of seconds >= 0, got {self.pause_s}")
         if self.writer_repeats is not None and self.writer_repeats < 1:
             raise InputError(f"writer repeats must be at least 1, got {self.writer_repeats}")
         bad_writers = [w for w in self.writers if isinstance(w, bool) or not isinstance(w, int)]
@@ -271,8 +281,9 @@ FREE_PAGE_NOTE = (
     "this VM hands memory left free for a second or two back to its host (virtio-balloon "
     "free page reporting), and using it again costs a fault on the host: a job that follows "
     "a pause pays it, whichever job that is, so expect wide intervals. A save after minutes "
-    "of training meets such memory too and can take several times the back-to-back saves "
-    "timed here (python experiments/vm_memory.py measures the effect on this machine)"
+    "of training meets such memory too and can take several times a back-to-back save "
+    "(ckptsim bench --pause 5 times that save; python experiments/vm_memory.py measures the "
+    "effect on this machine)"
 )
 """What a run on such a VM notes (see :func:`free_page_reporting`); measured on the project's
 VM by ``experiments/vm_memory.py`` (README)."""
@@ -303,6 +314,12 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
         if local is None:
             from simulator.bench.remote import run_remote_benchmark
 
+            if cfg.pause_s:
+                raise InputError(
+                    "--pause is measured on a local --dir only: an object store's memory is "
+                    "its servers'"
+                )
+
             return run_remote_benchmark(cfg, progress=progress)
         cfg = dataclasses.replace(cfg, directory=local)
 
@@ -318,6 +335,12 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
             f"reduced saves ({cfg.optimizer_precision} moments, {cfg.weights_precision} "
             "weights) measured beside the exact ones; the goal ratios and the cost profile "
             "(--out) are the exact saves'"
+        )
+    if cfg.pause_s:
+        notes.append(
+            f"every timed save and restore (the raw jobs' too) began after {cfg.pause_s:g} s "
+            "idle (--pause): the cost of a save made after a while of training where a host "
+            "reclaims freed memory, paid by both sides of each goal ratio"
         )
     if cfg.weights_precision == "bf16" and "bf16" in cfg.dtypes:
         notes.append(
@@ -359,7 +382,7 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                         f"the {job} checkpoint ({size} {dtype})", directory
                     ):
                         where = work / f"{job}-{rep}"
-                        _measure(job, held, where, row)
+                        _measure(job, held, where, row, pause_s=cfg.pause_s)
                     samples.append(row)
                     bar.update()
                 del held
@@ -404,9 +427,13 @@ PAIRED = "ckptsim"
 checkpoint right beside its restore (see :func:`_measure`)."""
 
 
-def _measure(job: str, held: list[Any], where: Path, row: dict[str, Any]) -> None:
+def _measure(
+    job: str, held: list[Any], where: Path, row: dict[str, Any], *, pause_s: float = 0.0
+) -> None:
     """One save + cold restore of the state ``held[0]``, which the restored one replaces (the
     list is the state's only reference, so a restore can free it before its clock starts).
+    ``pause_s``: idle seconds before each clock starts (:attr:`BenchConfig.pause_s`), after
+    the pages the timed part will not use are let go; ``row["pause_s"]`` records it.
 
     The :data:`PAIRED` format's restore is timed back to back with a raw read of the
     checkpoint's own tensor file (the same bytes in the same blocks, read with the restore's
@@ -418,26 +445,35 @@ def _measure(job: str, held: list[Any], where: Path, row: dict[str, Any]) -> Non
     found, which would have flattered the save.)"""
     paired = job == PAIRED
     raw_first = row["repeat"] % 2 == 1
+    row["pause_s"] = pause_s
+
+    def idle() -> None:
+        if pause_s:
+            time.sleep(pause_s)
 
     def raw_pair_load() -> None:
         if paired:
             # Read the restore's way (its 4 MB slices and readahead thread, nothing else of
             # it): a plain 64 MB read was up to 3x slower on the project's VM, a baseline the
             # restore's own I/O pattern alone would beat.
-            row["raw_pair_load_s"] = fmt_io.raw_read(where, ckptio.TENSOR_FILE, readahead=True)
+            row["raw_pair_load_s"] = fmt_io.raw_read(
+                where, ckptio.TENSOR_FILE, readahead=True, pause_s=pause_s
+            )
             row["raw_pair_load_bytes"] = (where / ckptio.TENSOR_FILE).stat().st_size
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP: "assuming ... a single process"
             if job == "raw":  # the state's own bytes, from its own memory, as a save writes
+                idle()
                 row["save_s"] = fmt_io.raw_write(where, fmt_io.state_bytes(held[0]))
                 row["bytes"] = fmt_io.disk_bytes(where)
                 faults = _minor_faults()
-                row["load_s"] = fmt_io.raw_read(where)
+                row["load_s"] = fmt_io.raw_read(where, pause_s=pause_s)
                 row["load_minor_faults"] = _minor_faults() - faults
                 return
             fmt = job.removesuffix(REDUCED)
+            idle()
             if job.endswith(REDUCED):
                 row.update(
                     fmt_io.save_reduced(
@@ -458,6 +494,7 @@ def _measure(job: str, held: list[Any], where: Path, row: dict[str, Any]) -> Non
             faults = _minor_faults()  # counted from here: drop_cache faults no page in
             if job in fmt_io.IN_PLACE:
                 fmt_io.drop_cache(where)
+                idle()
                 start = time.perf_counter()
                 held[0] = loader(where, held[0])
             else:
@@ -466,6 +503,7 @@ def _measure(job: str, held: list[Any], where: Path, row: dict[str, Any]) -> Non
                 held.clear()
                 gc.collect()  # a saver's closure may hold it in a cycle a moment longer
                 fmt_io.drop_cache(where)
+                idle()
                 start = time.perf_counter()
                 held.append(loader(where))
             row["load_s"] = time.perf_counter() - start

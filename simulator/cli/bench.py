@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from simulator.cli.common import positive_int, print_json
+from simulator.cli.common import nonnegative_float, positive_int, print_json
 
 EXAMPLES = """\
 examples:
@@ -21,6 +21,10 @@ examples:
 
 MAX_REPEATS = 100
 """Repeats beyond this no longer move a median; more is a typo that would run for days."""
+
+MAX_PAUSE_S = 600.0
+"""The longest ``--pause``: memory a host reclaims is gone within seconds; minutes more per
+timed job is a typo that would run for days."""
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -119,6 +123,18 @@ def register(subparsers) -> None:
         "under bf16 autocast with fp32 weights; with --dtypes bf16 the weights are bf16 "
         "already and only the moments can shrink",
     )
+    p.add_argument(
+        "--pause",
+        type=nonnegative_float("seconds"),
+        default=0.0,
+        metavar="S",
+        help="seconds left idle before each timed save and restore (default 0: back to back). "
+        "A save made after a while of training meets memory nothing has used for that long; "
+        "on a VM whose host reclaims freed memory (the table then says so in a note) it pays "
+        "a fault on the host per page, which back-to-back saves do not: --pause 5 times that "
+        "save, and --out fits the cost model to it (at most "
+        f"{MAX_PAUSE_S:g}; a local --dir only)",
+    )
     p.add_argument("--out", metavar="FILE", help="write the cost profile JSON (.json) here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=run)
@@ -145,11 +161,14 @@ def run(args: argparse.Namespace) -> int:
         writers=_counts(args.writers),
         optimizer_precision=args.optimizer_precision,
         weights_precision=args.weights_precision,
+        pause_s=args.pause,
     )
     from simulator.cli.common import output_path
 
     if args.repeats > MAX_REPEATS:
         raise InputError(f"--repeats {args.repeats}: at most {MAX_REPEATS}")
+    if args.pause > MAX_PAUSE_S:
+        raise InputError(f"--pause {args.pause:g}: at most {MAX_PAUSE_S:g} seconds")
     output_path(args, (".json",))  # before the measurement, not after it
     result = run_benchmark(cfg, progress=not args.json and sys.stderr.isatty())
     if args.out is not None:
