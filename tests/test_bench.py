@@ -409,6 +409,12 @@ def test_the_paired_read_is_outside_the_restore_fault_count_and_the_restore_is_c
     assert ("drop",) in log[log.index(("faults",), pair) : load]  # the restore's own drop
 
 
+@pytest.mark.parametrize("pause", [-0.5, float("nan"), float("inf")])
+def test_a_config_pause_must_be_finite_seconds(tmp_path, pause):
+    with pytest.raises(InputError, match="pause must be a finite number of seconds >= 0"):
+        BenchConfig(directory=tmp_path, pause_s=pause)
+
+
 def test_writer_repeats_are_validated_and_default_to_repeats(tmp_path):
     with pytest.raises(InputError, match="writer repeats must be at least 1, got 0"):
         BenchConfig(directory=tmp_path, writers=(1,), writer_repeats=0)
