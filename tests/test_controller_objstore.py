@@ -452,3 +452,74 @@ def test_without_exclusive_a_relaunch_says_what_retention_will_never_delete():
         warnings.simplefilter("error")  # the user's promise: retention keeps the bound itself
         save_steps(url, [8], keep_last=2, storage=FsspecStorage(url, exclusive=True))
     assert restored_weight(url) == (8, 8.0)
+
+
+# -- a download that fails on our side ---------------------------------------------------------
+_RESTORE_WITH_A_FILE_SIZE_LIMIT = """
+import json, resource, signal, sys, warnings
+import torch
+from simulator.controller import AdaptiveCheckpointer, CheckpointReadError
+from simulator.controller.objstore import FsspecStorage
+from simulator.policies import FixedInterval
+
+url, staging, exclusive = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+# The kernel refuses every write past 4 KiB from here on (EFBIG): the staging disk is full
+# for this process, the manifests download, the tensors do not.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+storage = FsspecStorage(url, exclusive=exclusive, staging_dir=staging)
+ck = AdaptiveCheckpointer(url, model=torch.nn.Linear(64, 64), storage=storage,
+                          policy=FixedInterval(1e9), preemption_signals=(),
+                          allow_fresh_start=True)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    try:
+        out = {"step": ck.restore()}
+    except CheckpointReadError as exc:
+        out = {"error": str(exc), "errno": exc.errno}
+print(json.dumps(out | {"warnings": [str(w.message) for w in seen]}))
+"""
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_a_download_that_fails_on_our_side_stops_the_restore_and_judges_nothing(
+    s3_url, tmp_path, exclusive
+):
+    # From review: a full staging disk (or a network error) while downloading was taken for
+    # damage: every checkpoint was rejected, with exclusive=True moved aside, and with
+    # allow_fresh_start the run went on from step 0. The restore must stop, move nothing, and
+    # restore the newest checkpoint once the cause is gone.
+    import subprocess
+    import sys
+
+    model = torch.nn.Linear(64, 64)  # 16 KiB of weights: past the limit below
+    with checkpointer(s3_url, model, keep_last=5) as ck:
+        ck.restore()
+        for step in (10, 20, 30):
+            model.weight.data.fill_(float(step))
+            ck.save(step)
+        ck.close(finished=False)
+    staging, flag = tmp_path / "staging", str(int(exclusive))
+    run = subprocess.run(
+        [sys.executable, "-c", _RESTORE_WITH_A_FILE_SIZE_LIMIT, s3_url, str(staging), flag],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "step" not in out, out  # neither an older step nor a fresh start
+    assert out["errno"] == 27 and "step-00000030: could not be downloaded" in out["error"]
+    assert "nothing was moved aside or skipped" in out["error"]
+    assert not [w for w in out["warnings"] if "falling back" in w or "moved aside" in w]
+    assert steps_in(s3_url) == {10: True, 20: True, 30: True}
+    assert not [p for p in client().ls(key(s3_url)) if "rejected" in p]
+    assert not list(staging.iterdir())  # the partial download is gone
+    # With the cause gone the same relaunch restores the newest checkpoint.
+    restored = torch.nn.Linear(64, 64)
+    ck = checkpointer(
+        s3_url, restored, storage=FsspecStorage(s3_url, exclusive=exclusive), keep_last=5
+    )
+    assert ck.restore() == 30 and torch.equal(restored.weight, torch.full((64, 64), 30.0))
+    ck.close(finished=False)

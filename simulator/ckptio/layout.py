@@ -76,6 +76,12 @@ class CheckpointWriteError(OSError):
     """A checkpoint could not be written (disk full, I/O error); nothing was left at the path."""
 
 
+class CheckpointReadError(OSError):
+    """A checkpoint could not be fetched for a reason on the reader's side (a full or failing
+    local disk, the network, permissions), not because its bytes are wrong: it was not judged,
+    so a restore stops here rather than reject it, move it aside, or fall back past it."""
+
+
 def may_be_unlisted(name: str) -> bool:
     """Whether a file may sit in a checkpoint without a manifest entry: the manifest itself
     and the per-rank outcome markers (``.rank-<r>.ok``/``.failed``) of a distributed commit,

@@ -23,6 +23,7 @@ _EXPORTS = {
     "Backend": "backend",
     "LocalBackend": "backend",
     "CheckpointLocked": "integrity",
+    "CheckpointReadError": "integrity",
     "CheckpointWriteError": "integrity",
     "CorruptCheckpoint": "integrity",
     "IncompatibleCheckpoint": "integrity",

@@ -22,11 +22,12 @@ import pickletools
 from pathlib import Path
 
 from simulator import ckptio
-from simulator.ckptio import CheckpointWriteError, CorruptCheckpoint
+from simulator.ckptio import CheckpointReadError, CheckpointWriteError, CorruptCheckpoint
 from simulator.errors import InputError
 
 __all__ = [
     "CheckpointLocked",
+    "CheckpointReadError",
     "CheckpointWriteError",
     "CorruptCheckpoint",
     "IncompatibleCheckpoint",

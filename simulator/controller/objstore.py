@@ -49,6 +49,7 @@ S3-compatible server). fsspec is imported on first use. ``file://`` URLs are loc
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -372,8 +373,17 @@ class FsspecStorage:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         except (OSError, ValueError) as exc:
+            # Our side of the download failed (the staging disk full, the network, access):
+            # that says nothing about the checkpoint, which stays where it is, unjudged.
+            # (What the store holds was judged above: its listing and the manifest.)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ckptio.CorruptCheckpoint(f"{where}: cannot be downloaded ({exc})") from None
+            raise ckptio.CheckpointReadError(
+                getattr(exc, "errno", None) or errno.EIO,
+                f"{where}: could not be downloaded into {tmp} "
+                f"({getattr(exc, 'strerror', None) or exc}); it was not judged and nothing was "
+                "moved aside or skipped: fix the cause (the staging_dir's free space, the "
+                "network, credentials) and restore again",
+            ) from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
