@@ -533,6 +533,33 @@ STATE_ATTACKS = {
         ),
         r"dtype '\|O' is not a bool, integer or float dtype",
     ),
+    # From the attacker review: NumPy's parser raised ValueError on these, which escaped.
+    "numpy RNG with a malformed subarray dtype": (
+        lambda ck: edit_meta(
+            ck,
+            lambda m: (
+                _tuple_state(m, "numpy")[1]["__ndarray__"].__setitem__(0, "(-1,)f8"),
+                m,
+            )[1],
+        ),
+        r"dtype '\(-1,\)f8' is not a bool, integer or float dtype",
+    ),
+    "a config NumPy scalar with a huge subarray dtype": (
+        lambda ck: edit_meta(
+            ck,
+            lambda m: {
+                **m,
+                "config": {"x": {"__npscalar__": ["(99999999999999999999,)i1", 1]}},
+            },
+        ),
+        r"dtype '\(99999999999999999999,\)i1' is not a bool",
+    ),
+    "a config NumPy scalar of a record dtype": (
+        lambda ck: edit_meta(
+            ck, lambda m: {**m, "config": {"x": {"__npscalar__": ["<i8,<f8", 1]}}}
+        ),
+        r"dtype '<i8,<f8' is not a bool",
+    ),
     "a tensor reference the file lacks": (
         lambda ck: edit_meta(ck, _torch_rng_points_at("no/such/tensor")),
         "names tensor 'no/such/tensor', which the tensor file does not hold",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import math
 import random
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -543,11 +544,18 @@ def _decode_tag(tensors: Mapping[str, torch.Tensor], tag: str, value: Any) -> An
         raise _Malformed(f"{shown(value[1])} does not fit {dtype} ({exc})") from None
 
 
+_NUMBER_DTYPE = re.compile(r"[<>|=]?[biuf]\d{1,2}")
+"""The form of a ``dtype.str`` :func:`flatten` stores for a bool, int or float (``<f8``,
+``|b1``): anything else is refused before NumPy parses it (its parser also builds subarray
+and record dtypes from strings such as ``(-1,)f8``, and fails on some with ValueError)."""
+
+
 def _number_dtype(name: Any) -> np.dtype:
     """The NumPy dtype ``name`` if it is one :func:`flatten` stores (bool, int, float)."""
     try:
-        dtype = np.dtype(name) if isinstance(name, str) else None
-    except TypeError:
+        ok = isinstance(name, str) and _NUMBER_DTYPE.fullmatch(name) is not None
+        dtype = np.dtype(name) if ok else None
+    except (TypeError, ValueError):
         dtype = None
     if dtype is None or dtype.kind not in "biuf":
         raise _Malformed(f"dtype {shown(name, 40)} is not a bool, integer or float dtype")
