@@ -396,6 +396,47 @@ def test_a_fifo_in_a_checkpoint_is_never_opened(run):
     assert not [p for p in opened.paths if p.endswith("pipe")]
 
 
+def test_meta_swapped_for_a_fifo_right_after_the_check_is_never_opened(run, monkeypatch):
+    """From the attacker review: the chooser checked meta.json, then opened it again by name,
+    so a FIFO renamed over it in between blocked the restore for good (and a symlink would
+    have been followed). It is read once, in the bounded non-blocking way, checked as read."""
+    import threading
+
+    from simulator.controller import commit
+
+    root, at_step_1 = run
+    ck = root / NEWEST
+    os.mkfifo(root / "pipe")
+
+    def swap_after(check):
+        def checked(path, *members):
+            check(path, *members)
+            if Path(path).name == NEWEST and (root / "pipe").exists():
+                os.replace(root / "pipe", Path(path) / ckptio.META_FILE)
+
+        return checked
+
+    monkeypatch.setattr(commit, "verify_once", swap_after(commit.verify_once))
+    monkeypatch.setattr(ckptio, "verify_structure", swap_after(ckptio.verify_structure))
+    failed = []
+
+    def restore():
+        try:
+            resumes_from_step_1(root, at_step_1, "not a regular file")
+        except BaseException as exc:  # reported below, in the test's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=restore, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    if worker.is_alive():  # unblock the reader before failing, so the session can end
+        with open(ck / ckptio.META_FILE, "wb"):
+            pass
+        pytest.fail("the restore blocked opening a FIFO swapped in after the check")
+    assert not failed, failed
+    assert not (root / "pipe").exists()  # the swap happened
+
+
 # -- (a)+(b) for files whose bytes were rewritten and resealed --------------------------------
 def _offsets_past_the_end(header: str) -> str:
     entries = json.loads(header)

@@ -438,6 +438,23 @@ def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
+    """Checkpoint ``path``'s ``meta.json`` as a JSON object, or None where its manifest lists
+    none (a distributed checkpoint's state is in its tensor files).
+
+    The file is read once, never through a symlink or from a FIFO, bounded by the size the
+    manifest lists, and its CRC-32 is checked on the very bytes parsed: a file swapped after a
+    check cannot be read in its place. Raises :class:`CorruptCheckpoint`."""
+    path = Path(path)
+    entry = _read_manifest(path)["files"].get(META_FILE)
+    if entry is None:
+        return None
+    file = path / META_FILE
+    data = _read_member(file, entry["bytes"])
+    _check_crc(file, crc32(data), entry["crc32"])
+    return _parse_meta(file, data)
+
+
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """The manifest of checkpoint directory ``path``, refused (:class:`CorruptCheckpoint`)
     unless it is a bounded regular file whose every key the readers use has the expected type

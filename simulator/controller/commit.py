@@ -299,16 +299,16 @@ def choose_checkpoint(
         try:
             local = storage.local_copy(name)
             if checksums_at_load:
-                ckptio.verify_structure(local, ckptio.META_FILE)
+                ckptio.verify_structure(local)
             else:
                 verify_once(local)
+            # Read once, checked on the bytes parsed (never re-opened by name after a check,
+            # which a file swapped in between, a FIFO or a symlink, would have defeated).
+            # None: a distributed checkpoint, whose step and config are checked once read.
+            meta = ckptio.read_meta(local)
         except CorruptCheckpoint as exc:
             rejected[name] = reject(storage, name, "corrupt", str(exc), move=tidy)
             continue
-        try:
-            meta = json.loads((local / ckptio.META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            meta = None  # a distributed checkpoint: its step and config are checked once read
         if isinstance(meta, dict):
             mismatch = misnamed(name, meta.get("step"))
             if mismatch is not None:
