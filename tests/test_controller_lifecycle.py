@@ -64,6 +64,8 @@ while step < steps:
     ckpt.step(step)
     print("STEP", step, flush=True)
     time.sleep(delay)
+if "exit" in mode:  # sys.exit before close(): a NaN guard's, or a script's normal end
+    sys.exit(int(os.environ["EXIT_STATUS"]))
 if "noclose" not in mode:
     ckpt.close()
 h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
@@ -141,6 +143,25 @@ def test_a_script_ending_normally_without_close_saves_its_last_step_as_finished(
     launch(tmp_path, tmp_path / "ck", 12, "noclose-async")
     assert step_dirs(tmp_path / "ck") == [checkpoint_name(12)]
     assert [e["event"] for e in events(tmp_path / "ck")][-2:] == ["finished", "stop"]
+
+
+@pytest.mark.parametrize("status", [3, 0])
+def test_a_script_that_calls_sys_exit_before_close_is_finished_only_on_success(tmp_path, status):
+    # From the new-user review: sys.exit(1) (a NaN guard) was closed as a finished run at
+    # exit, its possibly diverged last step saved as the newest checkpoint.
+    run = subprocess.run(
+        [sys.executable, str(_script(tmp_path)), str(tmp_path / "ck"), "12", "exit"],
+        capture_output=True, text=True, timeout=300, env=_env(EXIT_STATUS=str(status)),
+    )  # fmt: skip
+    assert run.returncode == status, run.stderr[-3000:]
+    log = [e["event"] for e in events(tmp_path / "ck")]
+    if status:
+        assert step_dirs(tmp_path / "ck") == [] and "finished" not in log
+        assert log[-1] == "stop"  # a clean stop, as a with block left by SystemExit records
+        assert "exited with status 3 before close()" in run.stderr
+    else:
+        assert step_dirs(tmp_path / "ck") == [checkpoint_name(12)]
+        assert log[-2:] == ["finished", "stop"]
 
 
 def test_an_exception_in_a_with_block_is_a_failure_with_no_final_save(tmp_path):

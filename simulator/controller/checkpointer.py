@@ -392,6 +392,7 @@ class AdaptiveCheckpointer(TierMixin):
         self._planned_due = self.schedule.next_due(0, age_s=0.0)
         self._next_due = -1  # the first step() takes the slow path: it records "train"
         self._exit_hook = _exit_hook(weakref.ref(self))
+        _watch_sys_exit()
         atexit.register(self._exit_hook)
         self._install_preemption_handlers()
 
@@ -1204,19 +1205,60 @@ def _exit_hook(ref: weakref.ref) -> Callable[[], None]:
     Without it a run whose script ends without ``close()`` would be logged as a failure and
     inflate the failure rate of every later run in the directory. An interpreter dying of an
     unhandled exception (``sys.last_value`` set) is left unclosed: that session did fail. A
-    SIGKILL runs no hook at all, as it should. By the time atexit hooks run, Python has already
-    finished the write threads' queued saves, so none is lost.
+    script that called ``sys.exit`` with a failing status (``sys.exit(1)``, ``sys.exit("loss
+    is NaN")``: :func:`_exit_status`) is closed as a ``with`` block left by ``SystemExit`` is:
+    a clean stop, not finished, and no final save, which could write a diverged state as the
+    newest checkpoint. A SIGKILL runs no hook at all, as it should. By the time atexit hooks
+    run, Python has already finished the write threads' queued saves, so none is lost.
     """
 
     def hook() -> None:
         ckpt = ref()
         if ckpt is None or ckpt._closed or getattr(sys, "last_value", None) is not None:
             return
+        status = _exit_status()
         try:
             # Python has shut the write threads down by now: a final save is synchronous.
             ckpt._sync_only = True
-            ckpt.close(finished=ckpt.backend.world_size == 1 and not ckpt.preempted)
+            if status is not None:
+                logger.warning(
+                    "ckptsim: the script exited with status %r before close(): the run is not "
+                    "finished and its last steps were not saved",
+                    status,
+                )
+            finished = ckpt.backend.world_size == 1 and not ckpt.preempted and status is None
+            ckpt.close(finished=finished)
         except Exception as exc:  # at exit: report it and let the interpreter go
             print(f"ckptsim: closing the checkpointer at exit failed: {exc}", file=sys.stderr)
 
     return hook
+
+
+_EXIT_CALLS: list[object] = []
+"""The statuses ``sys.exit`` was called with in this process, once :func:`_watch_sys_exit`
+has wrapped it."""
+
+
+def _watch_sys_exit() -> None:
+    """Wrap ``sys.exit`` (once a process) to note the status it is called with, then exit as
+    it would: an atexit hook learns nothing else of how the interpreter is ending
+    (``SystemExit`` sets no ``sys.last_value``). A ``raise SystemExit(1)`` written out is not
+    seen."""
+    current = sys.exit
+    if getattr(current, "_ckptsim_watched", False):
+        return
+
+    def exit(status: object = None) -> None:
+        _EXIT_CALLS.append(status)
+        current(status)
+
+    exit._ckptsim_watched = True  # type: ignore[attr-defined]
+    exit.__doc__ = current.__doc__
+    sys.exit = exit
+
+
+def _exit_status() -> object:
+    """The failing status of the last ``sys.exit`` call (a nonzero number, a message), or
+    None where there was none or it succeeded (0, None)."""
+    status = _EXIT_CALLS[-1] if _EXIT_CALLS else None
+    return None if status is None or status == 0 else status
