@@ -523,3 +523,67 @@ def test_a_download_that_fails_on_our_side_stops_the_restore_and_judges_nothing(
     )
     assert ck.restore() == 30 and torch.equal(restored.weight, torch.full((64, 64), 30.0))
     ck.close(finished=False)
+
+
+# -- staging directories of other processes ----------------------------------------------------
+_HOLD_OWNER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True)  # fmt: skip
+    return int(done.stdout)
+
+
+def test_another_jobs_staging_directory_survives_while_its_owner_lives(tmp_path):
+    # From the attacker review: a job in another PID namespace (a container sharing /tmp) or
+    # on another host (a shared staging_dir) has a pid this process cannot see, and its
+    # staging directory, upload in flight, was deleted as a dead process's. Its owner's
+    # lock decides now; the directory goes once that process is gone.
+    import os
+    import subprocess
+    import sys
+
+    from simulator.controller.objstore import OWNER, STALE_UNOWNED_S
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    theirs = staging / f"ckptsim-upload-{_dead_pid()}-abc123"
+    (theirs / checkpoint_name(7)).mkdir(parents=True)
+    (theirs / checkpoint_name(7) / "model.safetensors").write_bytes(b"in flight")
+    (theirs / OWNER).touch()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_OWNER, str(theirs / OWNER)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # An older ckptsim's directory (no owner file), its pid not running: kept while recent,
+    # removed once older than STALE_UNOWNED_S.
+    recent = staging / f"ckptsim-upload-{_dead_pid()}-recent"
+    old = staging / f"ckptsim-upload-{_dead_pid()}-old"
+    for d in (recent, old):
+        d.mkdir()
+    past = time.time() - STALE_UNOWNED_S - 60
+    os.utime(old, (past, past))
+    url = f"memory://ckptsim-{uuid.uuid4().hex[:8]}/run"
+    try:
+        assert owner.stdout.readline().strip() == "held"
+        save_steps(url, [1], storage=FsspecStorage(url, staging_dir=staging))
+        assert (theirs / checkpoint_name(7) / "model.safetensors").read_bytes() == b"in flight"
+        assert recent.is_dir() and not old.exists()
+        # Our own staging directories are gone after the save; nothing else was touched.
+        assert sorted(p.name for p in staging.iterdir()) == sorted([theirs.name, recent.name])
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=30)
+    # Its owner gone (however it ended), the next save removes it.
+    save_steps(url, [2], storage=FsspecStorage(url, staging_dir=staging))
+    assert not theirs.exists() and recent.is_dir()

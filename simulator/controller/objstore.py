@@ -50,11 +50,13 @@ S3-compatible server). fsspec is imported on first use. ``file://`` URLs are loc
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,7 +111,9 @@ class FsspecStorage:
     """A checkpoint root at an fsspec URL (see the module docstring for the rules).
 
     ``staging_dir``: the local directory where a checkpoint is written before its upload and
-    downloaded before its restore (default: the system's temp directory). ``exclusive``: the
+    downloaded before its restore (default: the system's temp directory); each process's
+    directories there are its own while it lives (a ``flock``), so jobs in other containers or
+    on other hosts may share it. ``exclusive``: the
     user promises that no other process writes under the URL (no lock exists to check it).
     ``storage_options`` go to fsspec (for s3fs: ``endpoint_url``, ``key``, ``secret``...).
     """
@@ -143,6 +147,7 @@ class FsspecStorage:
         self.staging_dir = None if staging_dir is None else Path(staging_dir)
         self.exclusive = bool(exclusive)
         self._copies: dict[str, str] = {}  # checkpoint name -> its local download's temp dir
+        self._owned: dict[str, int] = {}  # staging dir -> the fd holding its owner lock
 
     # -- the Storage protocol -------------------------------------------------------------
     def key(self, name: str = "") -> str:
@@ -247,16 +252,27 @@ class FsspecStorage:
         return gone
 
     def _staging(self, prefix: str) -> str:
-        """A new local directory ``<prefix><pid>-<random>`` in the staging directory; first,
-        those a dead process of this host left (a SIGKILL mid-upload) are removed."""
+        """A new local directory ``<prefix><pid>-<random>`` in the staging directory, owned
+        through an exclusive ``flock`` on its :data:`OWNER` file until :meth:`_unstage`; first,
+        those whose owner is gone (a SIGKILL mid-upload) are removed (:func:`_abandoned`)."""
         if self.staging_dir is not None:
             self.staging_dir.mkdir(parents=True, exist_ok=True)
         where = Path(self.staging_dir or tempfile.gettempdir())
         for old in where.glob(f"{prefix}*"):
-            pid = old.name[len(prefix) :].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)) and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-        return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where)
+            if not old.is_symlink() and old.is_dir():
+                _remove_if_abandoned(old, prefix)
+        tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where)
+        fd = os.open(Path(tmp) / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
+        self._owned[tmp] = fd
+        return tmp
+
+    def _unstage(self, tmp: str) -> None:
+        """Remove staging directory ``tmp``, then let go of its ownership."""
+        shutil.rmtree(tmp, ignore_errors=True)
+        fd = self._owned.pop(tmp, None)
+        if fd is not None:
+            os.close(fd)
 
     def commit(self, name: str, write: Callable[[Path], None]) -> None:
         """Write checkpoint ``name``: ``write(path)`` makes a complete ckptio checkpoint at a
@@ -276,7 +292,7 @@ class FsspecStorage:
             write(local)
             self.upload(local, name)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self._unstage(tmp)
 
     def upload(self, local: Path, name: str) -> None:
         """Upload the files of local checkpoint directory ``local`` as ``name``, the manifest
@@ -370,13 +386,13 @@ class FsspecStorage:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.fs.get_file(self.key(f"{name}/{rel}"), str(target))
         except ckptio.CorruptCheckpoint:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self._unstage(tmp)
             raise
         except (OSError, ValueError) as exc:
             # Our side of the download failed (the staging disk full, the network, access):
             # that says nothing about the checkpoint, which stays where it is, unjudged.
             # (What the store holds was judged above: its listing and the manifest.)
-            shutil.rmtree(tmp, ignore_errors=True)
+            self._unstage(tmp)
             raise ckptio.CheckpointReadError(
                 getattr(exc, "errno", None) or errno.EIO,
                 f"{where}: could not be downloaded into {tmp} "
@@ -385,7 +401,7 @@ class FsspecStorage:
                 "network, credentials) and restore again",
             ) from exc
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self._unstage(tmp)
             raise
         self._copies[name] = tmp
         return local
@@ -393,7 +409,7 @@ class FsspecStorage:
     def drop_local_copies(self) -> None:
         """Delete every local copy :meth:`local_copy` made."""
         for tmp in self._copies.values():
-            shutil.rmtree(tmp, ignore_errors=True)
+            self._unstage(tmp)
         self._copies.clear()
 
     # -- small files (the run log) --------------------------------------------------------
@@ -467,6 +483,48 @@ def open_store(storage: FsspecStorage) -> str | None:
         stacklevel=3,
     )
     return READ_ONLY
+
+
+OWNER = ".owner"
+"""The file in a staging directory its process holds an exclusive ``flock`` on while it uses
+the directory: the kernel lets go of it when the process ends, however it ends."""
+
+STALE_UNOWNED_S = 600.0
+"""Age past which a staging directory without an :data:`OWNER` file (one an older ckptsim made)
+whose pid is not running here is taken as abandoned."""
+
+
+def _remove_if_abandoned(old: Path, prefix: str) -> None:
+    """Remove staging directory ``old`` if no live process owns it.
+
+    Its owner holds a ``flock`` on its :data:`OWNER` file: if this process can take that lock,
+    nobody holds it, and the directory goes (with the lock held, so no one claims it
+    meanwhile). The pid in its name alone does not decide: a process in another PID namespace
+    (a container sharing the directory) or on another host (a shared file system) is not
+    visible here, and its upload in flight must not be deleted. A directory without the file
+    (an older ckptsim's) goes only when its pid is not running here and it is older than
+    :data:`STALE_UNOWNED_S`."""
+    try:
+        fd = os.open(old / OWNER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        pid = old.name[len(prefix) :].split("-", 1)[0]
+        try:
+            age = time.time() - old.stat().st_mtime
+        except OSError:
+            return
+        if pid.isdigit() and not _alive(int(pid)) and age > STALE_UNOWNED_S:
+            shutil.rmtree(old, ignore_errors=True)
+        return
+    except OSError:
+        return  # not ours to judge (a symlink, no permission)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # owned: a live process is using it
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:
