@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import warnings
 from pathlib import Path
 
@@ -132,11 +133,13 @@ def main() -> None:
         loader = StatefulDataLoader(data, batch_size=BATCH, shuffle=args.shuffle)
     model = Tiny(clock)
     torch.manual_seed(100 + trainer.global_rank)  # dropout differs per rank
+    status = None
     try:
         trainer.fit(model, train_dataloaders=loader, ckpt_path=latest_checkpoint(args.directory))
-    except SystemExit:  # Lightning's SIGTERMException: the preemption path
+    except SystemExit as exc:  # Lightning's SIGTERMException: the preemption path
         if not callback.preempted:
             raise
+        status = exc.code  # exit with it once the results are written, as a script would
     optimizer = trainer.optimizers[0].state_dict()
     torch.save(
         {
@@ -152,6 +155,8 @@ def main() -> None:
         },
         Path(args.out) / f"rank{trainer.global_rank}.pt",
     )
+    if status is not None:
+        sys.exit(status)
 
 
 if __name__ == "__main__":

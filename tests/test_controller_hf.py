@@ -562,15 +562,19 @@ def test_a_resume_from_an_older_step_moves_the_newer_folders_aside_unchanged(run
 
 
 # -- the life cycle ----------------------------------------------------------------------------
-def test_a_finished_run_relaunched_returns_at_once_and_says_so(run, tmp_path, caplog):
+def test_a_finished_run_relaunched_returns_at_once_with_its_trained_model(run, tmp_path):
     output_dir, *_ = run
     out = tmp_path / "out"
     shutil.copytree(output_dir, out)
     again, _, spy = _trainer(out)
-    with caplog.at_level(logging.INFO, logger="simulator.controller"):
+    with pytest.warns(UserWarning, match=f"finished at step {MAX_STEPS}: nothing to train"):
         assert resume_training(again) is None
-    assert f"finished at step {MAX_STEPS}: nothing to train" in caplog.text
     assert spy.flags == {}  # not one step trained
+    # From the new-user review: the script went on with the untrained model. The final
+    # checkpoint's weights are loaded, so an evaluation or save_model after it is right.
+    final = load_file(out / f"checkpoint-{MAX_STEPS}" / "model.safetensors")
+    loaded = again.model.state_dict()
+    assert final and all(torch.equal(loaded[k], v) for k, v in final.items())
     # By hand, Trainer would train a 13th step; the callback refuses instead.
     with pytest.raises(RunFinished, match="resume_training"):
         again.train(resume_from_checkpoint=latest_checkpoint(out))
@@ -588,6 +592,27 @@ def test_a_preemption_signal_saves_the_step_and_stops_trainer(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
     _, resumed, spy = _train(tmp_path, resume="latest")
     assert min(spy.flags) == 4 and resumed.saved_steps[-1] == MAX_STEPS
+
+
+def test_resume_training_exits_75_after_a_preemption_unless_asked_to_return(tmp_path):
+    # From the new-user review: Trainer returned as if done, the process exited 0 (a completed
+    # job to the scheduler) and the script's save_model after it saved a half-trained model.
+    from simulator.controller.checkpointer import PREEMPTED_EXIT_CODE
+
+    trainer, ours, _ = _trainer(tmp_path / "a", before=(SignalAt(3),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(SystemExit) as exit:
+            resume_training(trainer)
+    assert exit.value.code == PREEMPTED_EXIT_CODE and ours.preempted
+    assert latest_checkpoint(tmp_path / "a") == str(tmp_path / "a" / "checkpoint-3")
+    trainer, ours, _ = _trainer(tmp_path / "b", before=(SignalAt(3),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        output = resume_training(trainer, on_preemption="return")
+    assert output.global_step == 3 and ours.preempted
+    with pytest.raises(InputError, match="on_preemption must be one of 'exit', 'return'"):
+        resume_training(trainer, on_preemption="stop")
 
 
 # -- SIGKILL during a save, then resume ---------------------------------------------------------

@@ -26,6 +26,7 @@ from _damage import flip_a_byte
 from _dist import rank_results
 
 from simulator import ckptio
+from simulator.controller.checkpointer import PREEMPTED_EXIT_CODE
 from simulator.controller.lightning import (
     CHECKPOINT_FILE,
     AdaptiveCheckpoint,
@@ -458,9 +459,11 @@ def test_a_sigtermed_then_sigkilled_run_resumes_bit_identically(tmp_path):
     reference = _launch(tmp_path / "ref", tmp_path / "ref-out", *ONE)
     directory = tmp_path / "ck"
     # A scheduler's SIGTERM after step 8: Lightning stops at the batch's end, the callback
-    # saves step 8 once, records the preemption, and fit ends with Lightning's SystemExit.
+    # saves step 8 once, records the preemption, and fit ends with Lightning's SystemExit,
+    # whose status the callback makes the plain loop's preemption status (Lightning's is 0:
+    # "completed" to SLURM and torchrun).
     rc, output = _finish(_launch(directory, tmp_path / "p", *ONE, "--sigterm-at", "8"))
-    assert rc == 0, output
+    assert rc == PREEMPTED_EXIT_CODE, output
     (preempted,) = _results(tmp_path / "p", 1)
     assert preempted["preempted"] and preempted["global_step"] == 8
     assert preempted["saved_steps"] == [6, 8]

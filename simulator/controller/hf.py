@@ -25,8 +25,9 @@ about each newer one it skips and why. Resume with::
     resume_training(trainer)   # = trainer.train(resume_from_checkpoint=latest_checkpoint(...))
 
 :func:`resume_training` also returns at once, saying so, when the newest complete checkpoint is
-the run's last step (a scheduler relaunching a finished job); Trainer itself would train one
-more step. The callback saves the last step when training ends (the run can be relaunched
+the run's last step (a scheduler relaunching a finished job), with that step's weights loaded;
+Trainer itself would train one more step. After a preemption it exits with status 75 (see its
+``on_preemption``). The callback saves the last step when training ends (the run can be relaunched
 without retraining its tail) and, on a preemption signal (SIGTERM by default), saves at the next
 step end and stops Trainer with ``control.should_training_stop``.
 
@@ -187,20 +188,62 @@ def _finished_at(checkpoint: str, max_steps: int) -> int | None:
     return step if target > 0 and step >= target else None
 
 
-def resume_training(trainer, *, allow_fresh_start: bool = False, **train_kwargs):
+ON_PREEMPTION = ("exit", "return")
+
+
+def resume_training(
+    trainer, *, allow_fresh_start: bool = False, on_preemption: str = "exit", **train_kwargs
+):
     """``trainer.train`` from the newest complete checkpoint; None at once if the run finished.
 
     A fresh start when the directory holds no checkpoint. When it holds some but none is
     complete, :class:`NoIntactCheckpoint` (see :func:`latest_checkpoint`), unless
     ``allow_fresh_start``: then training starts from step 0 and the folders are moved aside.
+
+    A finished run (the newest complete checkpoint is the last step): its model weights are
+    loaded into ``trainer.model`` (Trainer's own loader), so what the script does next (an
+    evaluation, ``save_model``) has the trained model, and it says so in a warning.
+
+    ``on_preemption``: after a preemption signal the callback saved and stopped Trainer, whose
+    ``train`` then returns as if done. ``"exit"`` (the default) then exits the process with
+    :data:`~simulator.controller.checkpointer.PREEMPTED_EXIT_CODE` (75, as the plain loop
+    does): a scheduler does not take the job for completed, and no code after this call (a
+    ``save_model``, a push to the hub) takes the half-trained model for the final one.
+    ``"return"`` returns Trainer's output instead (check the callback's ``preempted``).
     """
+    if on_preemption not in ON_PREEMPTION:
+        raise InputError(
+            f"on_preemption must be one of {', '.join(map(repr, ON_PREEMPTION))}, "
+            f"got {on_preemption!r}"
+        )
     checkpoint = latest_checkpoint(trainer.args.output_dir, allow_fresh_start=allow_fresh_start)
     if checkpoint is not None:
         step = _finished_at(checkpoint, trainer.args.max_steps)
         if step is not None:
-            log.info("the run in %s finished at step %d: nothing to train", checkpoint, step)
+            trainer._load_from_checkpoint(checkpoint)  # the model's weights, Trainer's way
+            warnings.warn(
+                f"the run in {checkpoint} finished at step {step}: nothing to train; its "
+                "model weights are loaded into trainer.model",
+                stacklevel=2,
+            )
             return None
-    return trainer.train(resume_from_checkpoint=checkpoint, **train_kwargs)
+    output = trainer.train(resume_from_checkpoint=checkpoint, **train_kwargs)
+    preempted = [
+        cb
+        for cb in trainer.callback_handler.callbacks
+        if isinstance(cb, AdaptiveSaveCallback) and cb.preempted
+    ]
+    if preempted and on_preemption == "exit":
+        from simulator.controller.checkpointer import PREEMPTED_EXIT_CODE
+
+        log.warning(
+            "preempted: step %d saved in %s; exiting with status %d",
+            trainer.state.global_step,
+            trainer.args.output_dir,
+            PREEMPTED_EXIT_CODE,
+        )
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+    return output
 
 
 def _backend():

@@ -327,6 +327,8 @@ class AdaptiveCheckpoint(_Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+        from simulator.controller.checkpointer import PREEMPTED_EXIT_CODE
+
         if self.checkpointer is None or self.checkpointer._closed:
             return
         if not isinstance(exception, SIGTERMException):
@@ -341,6 +343,10 @@ class AdaptiveCheckpoint(_Callback):
         self.checkpointer._note_preempted(int(step), signal.SIGTERM)  # the core's record of it
         log.info("SIGTERM: saved step %d in %s and stopped (preempted)", step, self.directory)
         self.checkpointer.close(finished=False)
+        if exception.code is None:
+            # Lightning's SIGTERMException carries no status, so the process would exit 0, a
+            # completed job to SLURM and torchrun: exit as the plain loop's preemption does.
+            exception.code = PREEMPTED_EXIT_CODE
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.checkpointer is None and self._restored_finished:
