@@ -173,6 +173,12 @@ def test_cli_json_has_the_documented_keys_and_writes_a_loadable_profile(tmp_path
         ),
         (["--sizes", "1M", "--pause", "700"], "--pause 700: at most 600 seconds"),
         (
+            ["--sizes", "1M", "--out", "p.json"],
+            "--out fits time = latency + bytes/bandwidth, which needs two or more different "
+            "sizes; --sizes 1M gives one",
+        ),
+        (["--sizes", "1M,1000K", "--out", "p.json"], "--sizes 1M,1000K gives one"),
+        (
             ["--sizes", "1M", "--pause", "5", "--dir", "s3://bucket/run"],
             "--pause is measured on a local --dir only",
         ),
@@ -1024,3 +1030,21 @@ def test_the_cli_pause_times_saves_after_idle_and_says_so(tmp_path, capsys):
         main(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--pause S" in text and "at most 600; a local --dir only" in text
+
+
+def test_a_profile_without_a_fit_for_a_format_says_why_where_it_is_used(tmp_path):
+    # From the new-user review: one size wrote a profile with no fit, and optimize then said
+    # only "fitted: none".
+    from simulator.model.checkpoint_cost import CostProfile
+
+    one = [{"format": "ckptsim", "bytes": 10**6, "save_s": 0.01, "load_s": 0.01}] * 3
+    with pytest.raises(InputError, match="measured at one size only; a fit of time against"):
+        CostProfile.from_samples(one, {}).predict(params=1e9, format="ckptsim")
+    flat = [
+        {"format": "ckptsim", "bytes": b, "save_s": 0.01, "load_s": 0.01, "tensor_bytes": b}
+        for b in (10**6, 2 * 10**6, 4 * 10**6)
+    ]
+    profile = CostProfile.from_samples(flat, {})
+    assert "ckptsim" not in profile.fits
+    assert "did not grow with size" in profile.unfitted("ckptsim")
+    assert profile.unfitted("torch") == "not measured"

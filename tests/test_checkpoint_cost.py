@@ -157,7 +157,7 @@ def test_bad_profile_and_bad_requests_are_one_line_input_errors(tmp_path):
     with pytest.raises(InputError, match="cannot read"):
         CostProfile.load(tmp_path / "missing.json")
     profile = _profile()
-    with pytest.raises(InputError, match="not in this profile"):
+    with pytest.raises(InputError, match="has no fit in this profile"):
         profile.predict(params=1e9, format="dcp")
     with pytest.raises(InputError, match="nodes"):
         profile.predict(params=1e9, nodes=0, format="torch")
@@ -182,7 +182,7 @@ def test_a_format_whose_times_do_not_grow_with_size_is_left_unfitted():
     ]
     profile = CostProfile.from_samples(rows, {})
     assert set(profile.fits) == {"fine"}
-    with pytest.raises(InputError, match="not in this profile"):
+    with pytest.raises(InputError, match="has no fit in this profile"):
         profile.predict(params=1e9, format="noisy")
 
 

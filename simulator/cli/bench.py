@@ -170,9 +170,22 @@ def run(args: argparse.Namespace) -> int:
     if args.pause > MAX_PAUSE_S:
         raise InputError(f"--pause {args.pause:g}: at most {MAX_PAUSE_S:g} seconds")
     output_path(args, (".json",))  # before the measurement, not after it
+    if args.out is not None:
+        from simulator.bench.state import parse_size
+
+        if len({parse_size(s) for s in cfg.sizes}) < 2:
+            raise InputError(
+                f"--out fits time = latency + bytes/bandwidth, which needs two or more "
+                f"different sizes; --sizes {','.join(cfg.sizes)} gives one (e.g. --sizes 25M,200M)"
+            )
     result = run_benchmark(cfg, progress=not args.json and sys.stderr.isatty())
     if args.out is not None:
-        result.profile().save(args.out)
+        profile = result.profile()
+        profile.save(args.out)
+        measured = {s["format"] for s in profile.samples if s.get("bench") != "writers"}
+        for fmt in sorted(measured - set(profile.fits)):
+            print(f"warning: {fmt} has no fit in {args.out}: {profile.unfitted(fmt)}",
+                  file=sys.stderr)  # fmt: skip
     if args.json:
         print_json(result.to_json())
     else:

@@ -266,6 +266,20 @@ class CostProfile:
                 )
         return cls(machine=dict(machine), fits=fits, samples=list(samples), contention=contention)
 
+    def unfitted(self, format: str) -> str:
+        """Why ``format`` has no fit, in words (see :meth:`from_samples`)."""
+        rows = [s for s in self.samples if s.get("bench") != "writers" and s["format"] == format]
+        if not rows:
+            return "not measured"
+        if len({r["bytes"] for r in rows}) < 2:
+            return (
+                "measured at one size only; a fit of time against bytes needs two or more, "
+                "e.g. ckptsim bench --sizes 25M,200M --out FILE"
+            )
+        return (
+            "its save times did not grow with size: the sizes were too small for this disk's noise"
+        )
+
     # ------------------------------------------------------------------ persistence
 
     def to_dict(self) -> dict[str, Any]:
@@ -334,7 +348,10 @@ class CostProfile:
         """
         if format not in self.fits:
             known = ", ".join(sorted(self.fits)) or "none"
-            raise InputError(f"format {format!r} is not in this profile (fitted: {known})")
+            raise InputError(
+                f"format {format!r} has no fit in this profile: {self.unfitted(format)} "
+                f"(fitted: {known})"
+            )
         if not (math.isfinite(params) and params > 0):
             raise InputError(f"params must be a positive number of parameters, got {params!r}")
         if int(nodes) != nodes or nodes < 1:
