@@ -407,3 +407,44 @@ def test_a_lifetimes_log_given_as_a_trace_is_told_what_it_is(capsys, tmp_path):
     line = one_line_error(*cli(capsys, "simulate", *JOB, "--trace", log))
     assert "holds lifetimes (column 'duration'), not failure times" in line
     assert "--failure empirical:FILE" in line
+
+
+# -- dates in one format for the whole column (from the new-user review) ------------------------
+def _log(tmp_path, times):
+    path = tmp_path / "log.csv"
+    path.write_text("time,node\n" + "".join(f"{t},a\n" for t in times))
+    return path
+
+
+def test_slash_dates_are_read_in_one_order_for_the_whole_column(capsys, tmp_path):
+    # Row by row, 01/02 and 01/03 were read month first and 13/03 day first in one column
+    # (mean 852 h); read day first throughout, as the 13 demands, the gaps are 28 and 12 days.
+    result, _ = fit_json(capsys, _log(tmp_path, ["01/02/2024", "01/03/2024", "13/03/2024"]))
+    assert exp_mean_h(result) == pytest.approx((29 + 12) * 24 / 2)
+    # Month first where a 13 demands that instead.
+    result, _ = fit_json(capsys, _log(tmp_path, ["02/01/2024", "02/13/2024", "03/01/2024"]))
+    assert exp_mean_h(result) == pytest.approx((12 + 17) * 24 / 2)
+    # Day-first dates with dots and times, as a European log writes them.
+    result, _ = fit_json(capsys, _log(tmp_path, ["02.01.2024 10:00", "15.01.2024 10:00"]))
+    assert exp_mean_h(result) == pytest.approx(13 * 24)
+
+
+def test_dates_that_read_both_ways_are_refused_not_guessed(capsys, tmp_path):
+    code, out, err = cli(capsys, "fit", _log(tmp_path, ["01/02/2024", "01/03/2024", "05/04/2024"]))
+    line = one_line_error(code, out, err)
+    assert "read day first or month first, and every date in the column fits both" in line
+    assert "ISO 8601" in line
+
+
+def test_a_column_of_two_formats_names_the_row_that_differs(capsys, tmp_path):
+    code, out, err = cli(capsys, "fit", _log(tmp_path, ["2024-01-01", "2024-01-03", "banana"]))
+    assert "row 3: cannot parse 'banana'" in one_line_error(code, out, err)
+
+
+def test_times_with_and_without_an_offset_in_one_column_are_noted(capsys, tmp_path):
+    times = ["2024-01-01 00:00", "2024-01-02T00:00:00+05:00", "2024-01-05 00:00"]
+    result, err = fit_json(capsys, _log(tmp_path, times))
+    assert "1 of 3 times carry a UTC offset and the others none" in err
+    assert exp_mean_h(result) == pytest.approx(4 * 24 / 2)  # 19 h, then 77 h: UTC throughout
+    result, err = fit_json(capsys, _log(tmp_path, ["2024-01-01 00:00", "2024-01-02 00:00"]))
+    assert "UTC offset" not in err

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -367,12 +368,16 @@ def _number_seconds(series, column, unit_s: float, noun: str, *, allow_blank=Fal
     return seconds
 
 
-def parse_times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
+def parse_times(
+    series, column: str, unit_s: float, notes: list[str] | None = None
+) -> tuple[np.ndarray, bool]:
     """Seconds (numbers in the unit, or dates as seconds since 1970) and whether they were dates.
 
     A datetime column (Parquet's timestamps, tz-aware or not) is dates, never numbers; text is
-    numbers if every cell is one, else dates (mixed offsets are one clock: UTC; naive is UTC).
-    A blank cell is refused with its row; numeric times must not be negative.
+    numbers if every cell is one, else dates in one format for the whole column
+    (:func:`_parse_dates`; mixed offsets are one clock: UTC; naive is UTC, with a note in
+    ``notes`` where a column mixes the two). A blank cell is refused with its row; numeric
+    times must not be negative.
     """
     import pandas as pd
 
@@ -401,17 +406,74 @@ def parse_times(series, column: str, unit_s: float) -> tuple[np.ndarray, bool]:
                 f"column {column!r} row {i + 1}: {show_value(series.iloc[i])} is not a number, "
                 "though most of the column's times are (numbers in --unit, or all dates)"
             )
-        # utc=True: offsets may differ row to row (a DST change, two sites).
-        parsed = pd.to_datetime(series, errors="coerce", format="mixed", utc=True)
-        if parsed.isna().any():
-            i = int(np.flatnonzero(parsed.isna().to_numpy())[0])
-            raise InputError(
-                f"column {column!r} row {i + 1}: cannot parse {show_value(series.iloc[i])} as "
-                "a time (give numbers in --unit, or dates such as 2024-05-01 13:20)"
-            )
+        parsed = _parse_dates(series, column, notes)
         parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
     micros = np.asarray(parsed.to_numpy(dtype="datetime64[us]")).astype(np.int64)
     return micros / 1e6, True
+
+
+_ZONED = r"(?:Z|[+-]\d{2}:?\d{2})\s*$"
+"""A time written with its UTC offset (``...Z``, ``...+05:00``)."""
+
+
+def _parse_dates(series, column: str, notes: list[str] | None):
+    """The column's text as UTC datetimes, every row read in one format.
+
+    ISO 8601 first (offsets may differ row to row: a DST change, two sites). Otherwise the
+    formats the first cell fits, month first and day first (``01/02/2024``): a format is used
+    only if it reads every row, and where two read every row differently (every day of the
+    month at most 12) the column is refused as ambiguous; a row by row reading, which took
+    ``01/02/2024`` month first and ``13/03/2024`` day first in one column, is the last resort
+    only where it, too, reads every row the same either way."""
+    import pandas as pd
+    from pandas.tseries.api import guess_datetime_format
+
+    def read(**how):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pandas' "could not infer format" and the like
+            return pd.to_datetime(series, errors="coerce", utc=True, **how)
+
+    text = series.astype(str).str.strip()
+    zoned = text.str.contains(_ZONED, regex=True)
+    if zoned.any() and not zoned.all() and notes is not None:
+        notes.append(
+            f"column {column!r}: {int(zoned.sum())} of {len(text)} times carry a UTC offset and "
+            "the others none; those without were read as UTC"
+        )
+    parsed = read(format="ISO8601")
+    if not parsed.isna().any():
+        return parsed
+    first = text.iloc[0]
+    tries = []
+    for dayfirst in (False, True):
+        fmt = guess_datetime_format(first, dayfirst=dayfirst)
+        if fmt is not None and fmt not in [f for f, _ in tries]:
+            tries.append((fmt, read(format=fmt)))
+    full = [(fmt, p) for fmt, p in tries if not p.isna().any()]
+    if not full:  # the first cell's format does not fit every row: read row by row
+        full = [
+            (f"row by row, {order} first", p)
+            for order, p in (
+                ("month", read(format="mixed")),
+                ("day", read(format="mixed", dayfirst=True)),
+            )
+            if not p.isna().any()
+        ]
+    if not full:
+        fmt, p = tries[0] if tries else ("row by row", read(format="mixed"))
+        i = int(np.flatnonzero(p.isna().to_numpy())[0])
+        raise InputError(
+            f"column {column!r} row {i + 1}: cannot parse {show_value(series.iloc[i])} as a "
+            f"time in the format of row 1 ({show_value(series.iloc[0])}); give numbers in "
+            "--unit, or dates in one format, such as ISO 8601 (2024-05-01 13:20)"
+        )
+    if len(full) > 1 and not full[0][1].equals(full[1][1]):
+        raise InputError(
+            f"column {column!r}: dates such as {show_value(series.iloc[0])} read day first or "
+            "month first, and every date in the column fits both; write them in ISO 8601 "
+            "(2024-05-01 13:20), which has one reading"
+        )
+    return full[0][1]
 
 
 def _end_s(end: str | None, unit_s: float, dates: bool) -> float | None:
@@ -537,7 +599,7 @@ def _events(
     tcol = cols.find("time")
     if tcol is None:
         raise _no_shape(df)
-    times, dates = parse_times(df[tcol], tcol, unit_s)
+    times, dates = parse_times(df[tcol], tcol, unit_s, notes)
     ccol = cols.find("component") if components else None
     if ccol is not None and not cols.given("component") and df[ccol].nunique() == len(df) > 1:
         notes.append(
