@@ -564,3 +564,21 @@ def test_the_framework_schedule_asks_for_a_save_after_a_signal_and_records_the_p
     ck.close(finished=False)
     assert ("preempted", 6) in [(e["event"], e.get("step")) for e in events(tmp_path)]
     assert failure_evidence(events(tmp_path), exclude_session="next").failures == 0
+
+
+def test_a_model_of_another_shape_is_refused_with_torchs_mismatches_in_the_message(tmp_path):
+    # From the new-user review: the message ended at torch's heading ("... for Sequential:"),
+    # the size mismatches under it cut off.
+    from simulator.controller import IncompatibleCheckpoint
+
+    small = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(4)))
+    with AdaptiveCheckpointer(tmp_path, model=small, policy=FixedInterval(1e9)) as ck:
+        ck.save(3)
+        ck.close(finished=False)
+    wide = torch.nn.Sequential(*(torch.nn.Linear(4 if i == 0 else 8, 8) for i in range(4)))
+    ck = AdaptiveCheckpointer(tmp_path, model=wide, policy=FixedInterval(1e9))
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        ck.restore()
+    text = str(info.value)
+    assert "\n" not in text and "for Sequential: size mismatch for 0.weight" in text
+    assert "torch.Size([4, 4]) from checkpoint" in text and "(and 5 more)" in text

@@ -89,7 +89,13 @@ from simulator.controller.precision import (
 )
 from simulator.controller.runlog import RunLog, failures_by_class
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
-from simulator.controller.state import capture_state, check_state, restore_state, stage
+from simulator.controller.state import (
+    capture_state,
+    check_state,
+    restore_state,
+    stage,
+    summary,
+)
 from simulator.controller.storage import (
     CheckpointStorage,
     apply_retention,
@@ -747,9 +753,8 @@ class AdaptiveCheckpointer(TierMixin):
             try:
                 step = restore_state(state, backend=self.backend, **self._objects)
             except (KeyError, RuntimeError, ValueError) as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 raise IncompatibleCheckpoint(
-                    f"checkpoint {store.describe(name)} does not fit this run: {first}"
+                    f"checkpoint {store.describe(name)} does not fit this run: {summary(exc)}"
                 ) from None
             if lost is not None:
                 warnings.warn(f"{lost} ({name})", stacklevel=3)

@@ -314,11 +314,23 @@ def _not_fitting(name: str) -> Iterator[None]:
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError, IndexError) as exc:
         if isinstance(exc, IncompatibleCheckpoint):
             raise
-        lines = str(exc).strip().splitlines()
-        first = lines[0] if lines else type(exc).__name__
         raise IncompatibleCheckpoint(
-            f"the saved {name} state does not load ({type(exc).__name__}: {first})"
+            f"the saved {name} state does not load ({type(exc).__name__}: {summary(exc)})"
         ) from exc
+
+
+def summary(exc: BaseException, lines: int = 3) -> str:
+    """An exception's message on one line: its first ``lines`` non-blank lines joined with
+    "; " (torch's ``load_state_dict`` puts a heading first and each mismatch on a line of its
+    own, so the heading alone says nothing), and how many more there were."""
+    text = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not text:
+        return type(exc).__name__
+    head = " ".join(text[:2]) if text[0].endswith(":") and len(text) > 1 else text[0]
+    rest = text[2:] if head != text[0] else text[1:]
+    shown_lines = [head, *rest[: lines - 1]]
+    more = len(rest) - (lines - 1)
+    return "; ".join(shown_lines) + (f" (and {more} more)" if more > 0 else "")
 
 
 def stage(state: Any, *, reuse: dict | None = None) -> tuple[Any, dict]:
