@@ -43,6 +43,11 @@ def assert_one_line_error(code, err, fragment):
         (["simulate", "--gpus", "9" * 23, "--gpu-mtbf-h", "5e4", "--work-h", "1"], "--gpus must"),
         (["sweep", *JOB, "--vary", "gpus=nan"], "finite numbers"),
         (["sweep", *JOB, "--dask-scheduler", "nonsense"], "cannot reach the Dask scheduler"),
+        # Accepted once (new-user review): an async stall 10x the preset's whole write.
+        (["optimize", "--scenario", "llama3", "--staging-s", "100"],
+         "--staging-s = 100 s is longer than the whole write, 10 s"),
+        (["simulate", "--scenario", "llama3", "--staging-s", "11", "--work-h", "1"],
+         "--staging-s = 11 s is longer than the whole write, 10 s"),
         # Misleading once: internal names, silent CSV, duplicate keys.
         (["optimize", "--mtbf-h", "10", "--failure", "lognormal:sigma=40"], "between 0.01 and 5"),
         (["optimize", "--mtbf-h", "10", "--gpus", "8", "--usd-per-gpu-hour", "1e308"],

@@ -212,6 +212,15 @@ class Scenario:
                     f"job's {self.nodes:,} nodes ({self.gpus:,} GPUs, {self.gpus_per_node} per "
                     "node)"
                 )
+        if self.async_checkpoint and self.staging_s is not None and not self.tiers:
+            write = self.checkpoint_write_s
+            if self.staging_s > write:
+                raise InputError(
+                    f"staging_s = {self.staging_s:g} s is longer than the whole write, "
+                    f"{write:g} s (checkpoint_s, or checkpoint_bytes over the bandwidths): an "
+                    "async save cannot stall training longer than a synchronous one (lower "
+                    "staging_s, or leave it out for a synchronous save)"
+                )
         for t in self.tiers:
             if t.asynchronous and t.checkpoint_s is not None and t.staging_s > t.checkpoint_s:
                 raise InputError(
