@@ -226,3 +226,18 @@ def test_a_long_probe_or_a_wrong_prior_is_budgeted_as_the_controller_settles_and
     out = run_json(capsys, *job, "--step-s", "90000", "--prior-mtbf-h", "1e7")
     assert out["step_s"] == 90000.0 and out["prior_mtbf_h"] == 1e7
     assert out["wall_h_mean"] > 50
+
+
+def test_the_table_keeps_its_columns_apart_whatever_the_widths(capsys):
+    # From the new-user review: a nine-digit dollar mean ran into its interval.
+    from simulator.cli import main
+
+    argv = ["simulate", "--scenario", "llama3", "--replicas", "5", "--checkpoint-s", "20000"]
+    assert main([*argv, "--work-h", "100", "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if "95% CI of mean" in line)
+    table = out[header : out.index("", header)]
+    cost = next(line for line in table if line.startswith("cost (USD)"))
+    cells = re.split(r"\s{2,}", cost.strip())
+    assert len(cells) == 6 and all(c.startswith("$") for c in cells[1:]), cells
+    assert len({len(line) for line in table}) == 1  # every row as wide as the header

@@ -574,8 +574,7 @@ def render(s: dict) -> str:
         f"policy {policy}, {mtbf}, work {s['work_h']:,.1f} h"
     )
     lines = [head, ""]
-    cols = ("mean", "95% CI of mean", "p50", "p90", "p99")
-    lines.append(f"{'':24}" + "".join(f"{c:>27}" if c[0] == "9" else f"{c:>14}" for c in cols))
+    rows = [("", ["mean", "95% CI of mean", "p50", "p90", "p99"])]
     parts = [(_part_label(key[:-5]), key[:-5], "{:,.1f}") for key in s if _is_part_mean(key)]
     for label, key, fmt in (*ROWS, *parts):
         if f"{key}_mean" not in s:
@@ -586,8 +585,15 @@ def render(s: dict) -> str:
         cells = [show(s[f"{key}_mean"]), ci] + [
             show(s[f"{key}_{p}"]) for p in ("p50", "p90", "p99")
         ]
+        rows.append((label, cells))
+    # Each column as wide as its widest cell, two spaces apart: a long label (a failure
+    # cause's recovery) or a nine-digit dollar figure never runs into the next column.
+    label_w = max(len(label) for label, _ in rows)
+    widths = [max(len(cells[i]) for _, cells in rows) for i in range(len(rows[0][1]))]
+    for label, cells in rows:
         lines.append(
-            f"{label:24}{cells[0]:>14}{cells[1]:>27}" + "".join(f"{c:>14}" for c in cells[2:])
+            f"{label:{label_w}}"
+            + "".join(f"  {c:>{w}}" for c, w in zip(cells, widths, strict=True))
         )
     extra = s["wall_h_mean"] - s["work_h"]
     verdict = (
