@@ -43,6 +43,11 @@ def assert_one_line_error(code, err, fragment):
         (["simulate", "--gpus", "9" * 23, "--gpu-mtbf-h", "5e4", "--work-h", "1"], "--gpus must"),
         (["sweep", *JOB, "--vary", "gpus=nan"], "finite numbers"),
         (["sweep", *JOB, "--dask-scheduler", "nonsense"], "cannot reach the Dask scheduler"),
+        # argparse's own "invalid float value" once (new-user review).
+        (["fit", "log.csv", "--checkpoint-s", "10m"],
+         "--checkpoint-s: '10m' is not a number of seconds"),
+        (["fit", "log.csv", "--work-h", "-5"],
+         "--work-h: must be a positive number of hours, got -5"),
         # Accepted once (new-user review): an async stall 10x the preset's whole write.
         (["optimize", "--scenario", "llama3", "--staging-s", "100"],
          "--staging-s = 100 s is longer than the whole write, 10 s"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from simulator.cli.common import positive_int, print_json
+from simulator.cli.common import nonnegative_float, positive_float, positive_int, print_json
 from simulator.errors import InputError
 
 EPILOG = """\
@@ -117,9 +117,18 @@ def register(subparsers) -> None:
         help="units like the log's in the job (default: the log's component count; a "
         "system-gap log writes the system's mtbf_h and no gpus)",
     )
-    job.add_argument("--checkpoint-s", type=float, metavar="S", help="save stall, seconds")
-    job.add_argument("--restart-s", type=float, metavar="S", help="restart time, seconds")
-    job.add_argument("--work-h", type=float, metavar="H", help="failure-free compute, hours")
+    job.add_argument(
+        "--checkpoint-s", type=positive_float("seconds"), metavar="S", help="save stall, seconds"
+    )
+    job.add_argument(
+        "--restart-s", type=nonnegative_float("seconds"), metavar="S", help="restart time, seconds"
+    )
+    job.add_argument(
+        "--work-h",
+        type=positive_float("hours"),
+        metavar="H",
+        help="failure-free compute, hours (what simulate needs)",
+    )
     p.set_defaults(func=run)
 
 
@@ -410,6 +419,10 @@ def run(args) -> int:
         if args.scenario_out:
             out = args.scenario_out
             print(f"\nwrote {out}; next: ckptsim optimize --scenario {out}")
+            hints = ["add --usd-per-gpu-hour P to see it in dollars"]
+            if args.work_h is None:
+                hints.append(f"ckptsim simulate --scenario {out} --work-h H to simulate a job")
+            print(f"  ({'; '.join(hints)})")
     return 0
 
 
