@@ -25,6 +25,11 @@ HUGE_HOURS = 1e7
 HUGE_USD = 1e12
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1: "1 GPU", "16,384 GPUs", "0 failures"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def format_usd(usd: float) -> str:
     """Money as a reader writes it: ``$49,820,000``, ``-$3,827``; ``$1.8e+13`` from a trillion
     up (never a 300-digit number); ``> $1e308`` for an unbounded cost, ``—`` for NaN.

@@ -7,6 +7,7 @@ Each command module defines ``register(subparsers)``, which adds its parser and 
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -46,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; 0 on success, 2 (one line on stderr) on bad input, 130 on Ctrl-C."""
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command's own parser, whose --help lists what it takes
+            command = getattr(args, "command", None)
+            chooser = next(
+                (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None
+            )
+            own = chooser.choices.get(command) if chooser and command else None
+            (own or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from simulator.cli.common import nonnegative_float, positive_float, positive_int, print_json
+from simulator.display import count
 from simulator.errors import InputError
 
 EPILOG = """\
@@ -379,8 +380,8 @@ def run(args) -> int:
             header = [
                 f"Written by `ckptsim fit {args.file}`: best of {', '.join(_FAMILY_NAMES)} by "
                 f"AIC whose mean the log supports ({chosen['family']}),",
-                f"fitted to {result['events']:,} failures and {result['censored']:,} censored "
-                "lifetimes.",
+                f"fitted to {count(result['events'], 'failure')} and "
+                f"{count(result['censored'], 'censored lifetime')}.",
             ]
             for passed in chosen["skipped"]:
                 note = f"passed over a better {passed}"

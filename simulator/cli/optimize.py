@@ -28,6 +28,7 @@ from simulator.cli.common import (
     seed_int,
 )
 from simulator.display import (
+    count,
     format_duration,
     format_hours,
     format_percent,
@@ -577,7 +578,7 @@ def render(result: dict[str, Any], width: int = 100) -> str:
     """The human report for a ``recommend`` result: header, table, recommendation."""
     s = result["scenario"]
     gpus = result.get("gpus")
-    cluster = f"{gpus:,} GPUs, " if gpus else ""
+    cluster = f"{count(gpus, 'GPU')}, " if gpus else ""
     parts = [f"per GPU {s['gpu_mtbf_h']:,.0f} h"] if "gpu_mtbf_h" in s else []
     if "node_mtbf_h" in s:
         parts.append(f"per node {s['node_mtbf_h']:,.0f} h")

@@ -23,7 +23,7 @@ from simulator.cli.common import (
     positive_int,
     seed_int,
 )
-from simulator.display import format_duration, format_usd
+from simulator.display import count, format_duration, format_usd
 from simulator.errors import InputError
 
 POLICIES = ("young", "daly", "optimal", "adaptive", "controller")
@@ -570,7 +570,8 @@ def render(s: dict) -> str:
     else:
         mtbf = f"job MTBF {s['mtbf_h']:.3g} h ({s['failure']})"
     head = (
-        f"{s['scenario']}: {s['replicas']} replicas on the {s['engine']} engine, seed {s['seed']}, "
+        f"{s['scenario']}: {count(s['replicas'], 'replica')} on the {s['engine']} engine, "
+        f"seed {s['seed']}, "
         f"policy {policy}, {mtbf}, work {s['work_h']:,.1f} h"
     )
     lines = [head, ""]

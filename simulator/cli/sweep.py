@@ -42,7 +42,16 @@ The base is --scenario with the flags over it; without --scenario the flags alon
 job; with neither, the embedded Llama-3 preset is the base."""
 
 _INT_FIELDS = {"gpus", "gpus_per_node", "checkpoints_retained", "spares", "writer_nodes"}
-_TEXT_FIELDS = {"name", "failure", "repair", "component_age", "async_checkpoint"}
+_TEXT_FIELDS = {
+    "name",
+    "failure",
+    "repair",
+    "component_age",
+    "async_checkpoint",
+    "tiers",
+    "failure_classes",
+}
+"""Scenario fields that are no single number, so no --vary axis."""
 MAX_AXIS_VALUES = 10_000
 """Most values one --vary axis may have."""
 MAX_POINTS = 10_000
@@ -77,6 +86,7 @@ def register(subparsers) -> None:
     g.add_argument("--dask-scheduler", metavar="ADDRESS", help="run on this Dask scheduler")
     g.add_argument("--engine", choices=("auto", "fast", "des"), default="auto")
     g.add_argument("--out", metavar="FILE", help="table to write (.parquet or .csv)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_budget_flags(p)
     p.set_defaults(func=run)
 
@@ -179,7 +189,7 @@ def run(args) -> int:
         workers=workers,
         dask_scheduler=args.dask_scheduler,
         engine=args.engine,
-        progress=sys.stderr.isatty(),
+        progress=sys.stderr.isatty() and not args.no_progress,
     )
     if out is not None:
         path = save_table(df, out)
