@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     for params, nodes in ((70e9, 256), (405e9, 2048)):
         cost = profile.predict(params=params, nodes=nodes, format="ckptsim", dtype="bf16")
         lines.append(
-            f"- {params:.3g} parameters over {nodes:,} nodes (bf16 + fp32 master, "
+            f"- {params:.3g} parameters over {nodes:,} nodes (bf16 weights, fp32 master "
+            "weights and AdamW moments, 14 B/param, "
             f"{cost.bytes / 1e12:.2f} TB): write {cost.write_s:.3g} s at "
             f"{cost.aggregate_bytes_per_s / 1e12:.3g} TB/s aggregate"
             + (

@@ -1,6 +1,6 @@
 """The LANL failure record (1996-2005): per-node times between failures and repair times.
 
-Los Alamos released 23,739 node interrupts of 22 of its systems with each one's start, end,
+Los Alamos released 23,739 node interrupts of 23 of its systems with each one's start, end,
 down time and root-cause category (Schroeder and Gibson, DSN 2006, is the standard analysis).
 ``simulator/data/lanl_failures.csv.gz`` is a compact derived table of it, one row per failure
 (``build_table`` makes it from the released file; provenance in ``data/PROVENANCE.md``).
