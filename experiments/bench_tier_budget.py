@@ -11,14 +11,17 @@ saved every 2 s (a save stalling as long as the compute between saves: ~2x the w
 the two calibration probes behind the constants: many components with almost no failures
 (``COMPONENT_S``), and one component with many failures and saves (``TIER_EVENTS_PER_S``).
 
-Run: ``python -m experiments.bench_tier_budget`` (~1 min on 2 cores; prints, writes nothing).
+Run: ``python -m experiments.bench_tier_budget`` (~1 min on 2 cores; prints, and with
+``--report FILE`` writes what it prints there).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 
+from experiments._report import printed_report, report_option
 from simulator.engines import budget
 from simulator.engines.des_replicas import run_replica
 from simulator.engines.streams import replica_seed
@@ -48,17 +51,33 @@ def cases():
     yield "probe: 1 component, many events", busy, TierSchedule({"m": 60.0, "p": 600.0}), 3
 
 
-def main() -> None:
-    print(f"{'case':<48}{'replicas':>9}{'estimate':>11}{'measured':>11}{'ratio':>8}")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    report_option(ap)
+    args = ap.parse_args(argv)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    lines = [f"{'case':<48}{'replicas':>9}{'estimate':>11}{'measured':>11}{'ratio':>8}"]
+    print(lines[0])
     for label, s, schedule, replicas in cases():
         est = budget.tier_estimate(s, [schedule], replicas)
         start = time.process_time()
         for i in range(replicas):
             run_replica(s, schedule, replica_seed(0, i))
         took = time.process_time() - start
-        print(
-            f"{label:<48}{replicas:>9}{est.core_s:>10.2f}s{took:>10.2f}s{est.core_s / took:>8.2f}",
-            flush=True,
+        lines.append(
+            f"{label:<48}{replicas:>9}{est.core_s:>10.2f}s{took:>10.2f}s{est.core_s / took:>8.2f}"
+        )
+        print(lines[-1], flush=True)
+    if args.report is not None:
+        printed_report(
+            args.report,
+            "The tiered DES's work budget: estimate against measured core time",
+            "-m experiments.bench_tier_budget",
+            argv,
+            started,
+            "each case's replicas run in this one process right after its estimate; measured "
+            "is time.process_time, setup included; ratio is estimate / measured",
+            lines,
         )
 
 

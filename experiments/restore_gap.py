@@ -13,9 +13,9 @@ restore). Per round it forms raw/restore (bandwidth, higher is better) against e
 verify=False/verify=True (what the CRC-32 costs) and no-readahead/readahead; prints the
 medians with their distribution-free 95 % intervals
 (:func:`simulator.engines.results.median_ci`). Then, with the page cache warm (no disk), the
-restores again: what is CPU work. Writes nothing under ``reports/``.
+restores again: what is CPU work. ``--report FILE`` also writes what it prints there.
 
-    python experiments/restore_gap.py [--size 25M] [--rounds 150] [--dir DIR]
+    python experiments/restore_gap.py [--size 25M] [--rounds 150] [--dir DIR] [--report F]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments._report import per_round_ratio  # noqa: E402
+from experiments._report import per_round_ratio, printed_report, report_option  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="25M", help="model size in parameters (25M: ~290 MB)")
     ap.add_argument("--rounds", type=int, default=150, help="rounds of the five reads")
     ap.add_argument("--dir", type=Path, default=REPO, help="where the checkpoint is written")
+    report_option(ap)
     args = ap.parse_args(argv)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.rounds < MIN_REPEATS:
         ap.error(
             f"--rounds must be at least {MIN_REPEATS} (a median's 95 % interval), got {args.rounds}"
@@ -107,26 +109,43 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{args.size}: {nbytes / 1e9:.2f} GB tensor file, {len(tensors)} tensors, "
-          f"{args.rounds} rounds (cold reads, shuffled order)")  # fmt: skip
+    lines = [
+        f"{args.size}: {nbytes / 1e9:.2f} GB tensor file, {len(tensors)} tensors, "
+        f"{args.rounds} rounds (cold reads, shuffled order)"
+    ]
     for name, t in times.items():
-        print(f"  {name:24s} median {statistics.median(t):.4f} s")
+        lines.append(f"  {name:24s} median {statistics.median(t):.4f} s")
 
     def per_round(num: str, den: str) -> str:
         return per_round_ratio(times[num], times[den])
 
-    print("  median per-round ratio [95 % interval]:")
+    lines.append("  median per-round ratio [95 % interval]:")
     for raw in ("raw read", "raw read, readahead"):
         for verify in (False, True):
             name = f"restore, verify={verify}"
-            print(f"    {raw}/{name:24s} {per_round(raw, name)}")
-    print(f"    raw read/raw read, readahead    {per_round('raw read', 'raw read, readahead')}")
-    print(f"    verify=False/verify=True (CRC) "
-          f"{per_round('restore, verify=False', 'restore, verify=True')}")  # fmt: skip
-    print(f"    no readahead/readahead (verify=True) "
-          f"{per_round('restore, no readahead', 'restore, verify=True')}")  # fmt: skip
-    print("  warm page cache, mean of 10: "
-          + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in warm.items()))  # fmt: skip
+            lines.append(f"    {raw}/{name:24s} {per_round(raw, name)}")
+    lines += [
+        f"    raw read/raw read, readahead    {per_round('raw read', 'raw read, readahead')}",
+        "    verify=False/verify=True (CRC) "
+        + per_round("restore, verify=False", "restore, verify=True"),
+        "    no readahead/readahead (verify=True) "
+        + per_round("restore, no readahead", "restore, verify=True"),
+        "  warm page cache, mean of 10: "
+        + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in warm.items()),
+    ]
+    print("\n".join(lines))
+    if args.report is not None:
+        printed_report(
+            args.report,
+            f"Where a restore's time goes at {args.size}",
+            "experiments/restore_gap.py",
+            argv,
+            started,
+            "five cold reads a round in shuffled order, each after the checkpoint's pages were "
+            "dropped; ratios are medians of per-round ratios with distribution-free 95 % "
+            "intervals",
+            lines,
+        )
     return 0
 
 

@@ -27,6 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments._report import printed_report, report_option
+
 
 def build_state(mb: int):
     import torch
@@ -46,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=300, help="state size in MB (default 300)")
     parser.add_argument("--repeats", type=int, default=15, help="pairs timed (default 15)")
+    report_option(parser)
     args = parser.parse_args(argv)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     from simulator.controller.state import stage
 
     state = build_state(args.mb)
@@ -64,13 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     boots = np.median(rng.choice(ratios, (10_000, len(ratios))), axis=1)
     lo, hi = np.percentile(boots, [2.5, 97.5])
     nbytes = sum(t.numel() * t.element_size() for t in buffers.values())
-    print(f"state {nbytes / 1e6:.0f} MB in {len(buffers)} tensors, {args.repeats} pairs")
-    print("fresh  s: " + " ".join(f"{x:.3f}" for x in fresh))
-    print("reused s: " + " ".join(f"{x:.3f}" for x in reused))
-    print(
+    lines = [
+        f"state {nbytes / 1e6:.0f} MB in {len(buffers)} tensors, {args.repeats} pairs",
+        "fresh  s: " + " ".join(f"{x:.3f}" for x in fresh),
+        "reused s: " + " ".join(f"{x:.3f}" for x in reused),
         f"median stall: fresh {np.median(fresh):.3f} s, reused {np.median(reused):.3f} s; "
-        f"fresh/reused {np.median(ratios):.2f} (95% CI {lo:.2f}-{hi:.2f})"
-    )
+        f"fresh/reused {np.median(ratios):.2f} (95% CI {lo:.2f}-{hi:.2f})",
+    ]
+    print("\n".join(lines))
+    if args.report is not None:
+        printed_report(
+            args.report,
+            "An async save's staging copy: into fresh memory or the last save's buffers",
+            "experiments/stage_reuse.py",
+            argv,
+            started,
+            "pairs interleaved in one process, the order alternating; the interval is a "
+            "bootstrap (10,000 resamples) of the median per-pair ratio",
+            lines,
+        )
     return 0
 
 

@@ -11,9 +11,10 @@ is shuffled (seeded), each job followed by ``--gap`` seconds of rest, times thre
 state_bytes`, the benchmark's baseline since 2026-12-06), and ``ckptio.write_checkpoint`` of the
 state. Prints each job's median, mean and slow rounds (over twice its median), and per-round
 ratios with their distribution-free 95 % intervals (:func:`simulator.engines.results.
-median_ci`). Writes nothing under ``reports/``.
+median_ci`). ``--report FILE`` also writes what it prints there.
 
     python experiments/write_content.py [--size 100M] [--rounds 20] [--gap 1.0] [--dir DIR]
+        [--report FILE]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments._report import per_round_ratio  # noqa: E402
+from experiments._report import per_round_ratio, printed_report, report_option  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=20, help="rounds of the three writes")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds of rest after each write")
     ap.add_argument("--dir", type=Path, default=REPO, help="where the files are written")
+    report_option(ap)
     args = ap.parse_args(argv)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.rounds < MIN_REPEATS:
         ap.error(
             f"--rounds must be at least {MIN_REPEATS} (a median's 95 % interval), got {args.rounds}"
@@ -87,22 +90,41 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{args.size}: {nbytes / 1e9:.2f} GB, {args.rounds} rounds (shuffled order, "
-          f"{args.gap:g} s rest after each write)")  # fmt: skip
+    lines = [
+        f"{args.size}: {nbytes / 1e9:.2f} GB, {args.rounds} rounds (shuffled order, "
+        f"{args.gap:g} s rest after each write)"
+    ]
     for name, t in times.items():
         med = statistics.median(t)
         slow = sum(x > 2 * med for x in t)
-        print(f"  {name:24s} median {med:.3f} s, mean {statistics.mean(t):.3f} s, "
-              f"over 2x its median in {slow} of {len(t)}")  # fmt: skip
+        lines.append(
+            f"  {name:24s} median {med:.3f} s, mean {statistics.mean(t):.3f} s, "
+            f"over 2x its median in {slow} of {len(t)}"
+        )
 
     def per_round(num: str, den: str) -> str:
         return per_round_ratio(times[num], times[den])
 
     rand, own_name, save_name = list(jobs)
-    print("  median per-round time ratio [95 % interval]:")
-    print(f"    random bytes / the state's bytes   {per_round(rand, own_name)}")
-    print(f"    save / the state's bytes (raw)     {per_round(save_name, own_name)}")
-    print(f"    save / random bytes (raw)          {per_round(save_name, rand)}")
+    lines += [
+        "  median per-round time ratio [95 % interval]:",
+        f"    random bytes / the state's bytes   {per_round(rand, own_name)}",
+        f"    save / the state's bytes (raw)     {per_round(save_name, own_name)}",
+        f"    save / random bytes (raw)          {per_round(save_name, rand)}",
+    ]
+    print("\n".join(lines))
+    if args.report is not None:
+        printed_report(
+            args.report,
+            f"Random bytes against the state's own, and the save, at {args.size}",
+            "experiments/write_content.py",
+            argv,
+            started,
+            f"three writes a round in shuffled order, each fsync'ed, {args.gap:g} s of rest "
+            "after each; ratios are medians of per-round time ratios with distribution-free "
+            "95 % intervals",
+            lines,
+        )
     return 0
 
 

@@ -558,9 +558,14 @@ def test_restore_gap_study_times_five_cold_reads_a_round_and_leaves_nothing(
 
     monkeypatch.setattr(ckptio, "read_checkpoint", read_checkpoint)
     monkeypatch.setattr(fmt_io, "raw_read", raw_read)
-    argv = ["--size", "300K", "--rounds", "6", "--dir", str(tmp_path)]
+    work, report = tmp_path / "work", tmp_path / "gap.md"
+    work.mkdir()
+    argv = ["--size", "300K", "--rounds", "6", "--dir", str(work), "--report", str(report)]
     assert restore_gap.main(argv) == 0
     out = capsys.readouterr().out
+    text = report.read_text()  # what it printed, with the command that printed it
+    assert "`python experiments/restore_gap.py --size 300K --rounds 6" in text
+    assert out.split("\nwrote ")[0].strip() in text
     assert "6 rounds" in out and "verify=False/verify=True (CRC)" in out
     assert "raw read, readahead/restore, verify=True" in out
     assert raws.count(False) == raws.count(True) == 6
@@ -570,7 +575,7 @@ def test_restore_gap_study_times_five_cold_reads_a_round_and_leaves_nothing(
         assert verifies.count(way) == 6 + 11
     assert len(verifies) == 3 * (6 + 11) and ckptio.read.Readahead is Readahead
     assert "no readahead/readahead (verify=True)" in out
-    assert list(tmp_path.iterdir()) == []  # the checkpoint is removed
+    assert list(work.iterdir()) == []  # the checkpoint is removed
     with pytest.raises(SystemExit):
         restore_gap.main(["--rounds", "5"])
     assert "at least 6" in capsys.readouterr().err
@@ -579,12 +584,15 @@ def test_restore_gap_study_times_five_cold_reads_a_round_and_leaves_nothing(
 def test_write_content_study_times_three_writes_a_round_and_leaves_nothing(tmp_path, capsys):
     from experiments import write_content
 
-    argv = ["--size", "300K", "--rounds", "6", "--gap", "0", "--dir", str(tmp_path)]
-    assert write_content.main(argv) == 0
+    work, report = tmp_path / "work", tmp_path / "content.md"
+    work.mkdir()
+    argv = ["--size", "300K", "--rounds", "6", "--gap", "0", "--dir", str(work)]
+    assert write_content.main([*argv, "--report", str(report)]) == 0
     out = capsys.readouterr().out
     assert "6 rounds" in out and out.count("over 2x its median in") == 3
     assert "random bytes / the state's bytes" in out and "[nan" not in out
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
+    assert out.split("\nwrote ")[0].strip() in report.read_text()
     for bad, why in ((["--rounds", "5"], "at least 6"), (["--gap", "-1"], "at least 0")):
         with pytest.raises(SystemExit):
             write_content.main(bad)
