@@ -1248,7 +1248,8 @@ def _watch_sys_exit() -> None:
     """Wrap ``sys.exit`` (once a process) to note the status it is called with, then exit as
     it would: an atexit hook learns nothing else of how the interpreter is ending
     (``SystemExit`` sets no ``sys.last_value``). A ``raise SystemExit(1)`` written out is not
-    seen."""
+    seen, and a ``sys.exit`` whose ``SystemExit`` the script caught still counts as the last
+    status: ``close()`` says how the run ended where either matters."""
     current = sys.exit
     if getattr(current, "_ckptsim_watched", False):
         return
