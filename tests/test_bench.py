@@ -798,22 +798,27 @@ def test_reduced_precision_shrinks_the_moments_by_the_expected_factor(tmp_path):
 
 
 def test_bf16_moments_and_weights_halve_both(tmp_path, capsys):
-    argv = ["bench", "--sizes", "300K", "--formats", "ckptsim", "--repeats", "1"]
+    # Two sizes: --out fits time against bytes, which one size cannot give.
+    argv = ["bench", "--sizes", "300K,1M", "--formats", "ckptsim", "--repeats", "1"]
     argv += ["--optimizer-precision", "bf16", "--weights-precision", "bf16"]
     out = tmp_path / "profile.json"
     work = tmp_path / "w"
     work.mkdir()
     assert main([*argv, "--dir", str(work), "--json", "--out", str(out)]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
-    ts = build_state(parse_size("300K"))
     from simulator.controller.precision import MIN_NUMEL
 
-    weights = sum(
-        t.numel() * t.element_size() for t in ts.state["model"].values() if t.numel() >= MIN_NUMEL
-    )
-    moments, _ = _moment_bytes(ts.state)
-    for r in rows:
-        if r.get("optimizer_precision") == "bf16":
+    for size in ("300K", "1M"):
+        ts = build_state(parse_size(size))
+        weights = sum(
+            t.numel() * t.element_size()
+            for t in ts.state["model"].values()
+            if t.numel() >= MIN_NUMEL
+        )
+        moments, _ = _moment_bytes(ts.state)
+        reduced = [r for r in rows if r["size"] == size and r.get("optimizer_precision") == "bf16"]
+        assert reduced
+        for r in reduced:
             assert r["weights_precision"] == "bf16"
             saved = r["exact_bytes"] - r["bytes"]
             assert saved == pytest.approx((weights + moments) / 2, rel=0.01)
