@@ -575,6 +575,7 @@ def test_a_finished_run_relaunched_returns_at_once_with_its_trained_model(run, t
     final = load_file(out / f"checkpoint-{MAX_STEPS}" / "model.safetensors")
     loaded = again.model.state_dict()
     assert final and all(torch.equal(loaded[k], v) for k, v in final.items())
+    assert again.state.global_step == MAX_STEPS  # and the state that goes with them
     # By hand, Trainer would train a 13th step; the callback refuses instead.
     with pytest.raises(RunFinished, match="resume_training"):
         again.train(resume_from_checkpoint=latest_checkpoint(out))

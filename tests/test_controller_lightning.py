@@ -464,6 +464,7 @@ def test_a_sigtermed_then_sigkilled_run_resumes_bit_identically(tmp_path):
     # "completed" to SLURM and torchrun).
     rc, output = _finish(_launch(directory, tmp_path / "p", *ONE, "--sigterm-at", "8"))
     assert rc == PREEMPTED_EXIT_CODE, output
+    assert "step 8 saved in" in output and "exiting with status 75" in output  # and says so
     (preempted,) = _results(tmp_path / "p", 1)
     assert preempted["preempted"] and preempted["global_step"] == 8
     assert preempted["saved_steps"] == [6, 8]

@@ -419,8 +419,9 @@ def _log(tmp_path, times):
 def test_slash_dates_are_read_in_one_order_for_the_whole_column(capsys, tmp_path):
     # Row by row, 01/02 and 01/03 were read month first and 13/03 day first in one column
     # (mean 852 h); read day first throughout, as the 13 demands, the gaps are 28 and 12 days.
-    result, _ = fit_json(capsys, _log(tmp_path, ["01/02/2024", "01/03/2024", "13/03/2024"]))
+    result, err = fit_json(capsys, _log(tmp_path, ["01/02/2024", "01/03/2024", "13/03/2024"]))
     assert exp_mean_h(result) == pytest.approx((29 + 12) * 24 / 2)
+    assert "dates read as %d/%m/%Y, the reading every row fits" in err  # and says which
     # Month first where a 13 demands that instead.
     result, _ = fit_json(capsys, _log(tmp_path, ["02/01/2024", "02/13/2024", "03/01/2024"]))
     assert exp_mean_h(result) == pytest.approx((12 + 17) * 24 / 2)

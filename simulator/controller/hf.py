@@ -221,9 +221,14 @@ def resume_training(
         step = _finished_at(checkpoint, trainer.args.max_steps)
         if step is not None:
             trainer._load_from_checkpoint(checkpoint)  # the model's weights, Trainer's way
+            # and its state (global_step, the log history), which that leaves out
+            trainer.state = type(trainer.state).load_from_json(
+                str(Path(checkpoint) / _TRAINER_STATE)
+            )
             warnings.warn(
                 f"the run in {checkpoint} finished at step {step}: nothing to train; its "
-                "model weights are loaded into trainer.model",
+                "model weights and trainer state are loaded into trainer.model and "
+                "trainer.state",
                 stacklevel=2,
             )
             return None

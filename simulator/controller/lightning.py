@@ -341,12 +341,17 @@ class AdaptiveCheckpoint(_Callback):
             self.save(trainer, step)
         self.preempted = True
         self.checkpointer._note_preempted(int(step), signal.SIGTERM)  # the core's record of it
-        log.info("SIGTERM: saved step %d in %s and stopped (preempted)", step, self.directory)
         self.checkpointer.close(finished=False)
         if exception.code is None:
             # Lightning's SIGTERMException carries no status, so the process would exit 0, a
             # completed job to SLURM and torchrun: exit as the plain loop's preemption does.
             exception.code = PREEMPTED_EXIT_CODE
+        log.warning(
+            "preempted (SIGTERM): step %d saved in %s; exiting with status %s",
+            step,
+            self.directory,
+            exception.code,
+        )
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.checkpointer is None and self._restored_finished:

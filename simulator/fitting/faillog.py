@@ -473,6 +473,8 @@ def _parse_dates(series, column: str, notes: list[str] | None):
             "month first, and every date in the column fits both; write them in ISO 8601 "
             "(2024-05-01 13:20), which has one reading"
         )
+    if notes is not None:
+        notes.append(f"column {column!r}: dates read as {full[0][0]}, the reading every row fits")
     return full[0][1]
 
 
