@@ -82,6 +82,7 @@ def resumes_from_step_1(root: Path, at_step_1: dict, reason: str) -> None:
     assert all(torch.equal(model.state_dict()[k], v) for k, v in at_step_1.items())
     (warning,) = [w for w in caught if "falling back" in str(w.message)]
     assert "\n" not in str(warning.message)
+    assert f"{NEWEST}: {NEWEST}:" not in str(warning.message)  # the name said once
 
 
 def one_line(info: pytest.ExceptionInfo) -> str:

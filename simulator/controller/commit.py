@@ -212,6 +212,7 @@ def reject(storage: Storage, name: str, why: str, reason: str, *, move: bool = T
     The checkpoint is never deleted: a person may still rescue it (rename it back). With
     ``move=False`` (a read-only directory) it stays where it is, only reported.
     """
+    reason = reason.removeprefix(f"{name}: ")  # a reason that names it already
     if not move:
         return f"{name}: {reason}"
     target, n = f"{name}{REJECTED}{why}", 1
