@@ -295,8 +295,7 @@ def test_the_tier_budget_lets_a_routine_search_run_and_counts_stalls_against_the
     s = load_scenario("llama3-tiers")
     # 200 replicas of the search ran in ~650 s of one core; it was estimated at 5.4 h and
     # refused. Now it is estimated within the default half hour (and above what it took:
-    # experiments/bench_tier_budget.py measures the ratio: 1.2 to 2.7 when the rates were set,
-    # 0.8 to 2.7 in later runs on 2 shared cores).
+    # experiments/bench_tier_budget.py measures the ratio: reports/tier-budget.md).
     est = budget.tier_estimate(s, budget_schedules(s), 200)
     assert 650 < est.core_s < budget.DEFAULT_MAX_CORE_HOURS * 3600
     # A memory save every 2 s that stalls 2 s doubles the wall time: not "no headway".
