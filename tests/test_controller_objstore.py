@@ -553,7 +553,8 @@ def test_another_jobs_staging_directory_survives_while_its_owner_lives(tmp_path)
     import subprocess
     import sys
 
-    from simulator.controller.objstore import OWNER, STALE_UNOWNED_S
+    from simulator.controller.lock import LOCK_FILE as OWNER
+    from simulator.controller.objstore import STALE_UNOWNED_S
 
     staging = tmp_path / "staging"
     staging.mkdir()

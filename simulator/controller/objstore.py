@@ -50,7 +50,6 @@ S3-compatible server). fsspec is imported on first use. ``file://`` URLs are loc
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import re
@@ -147,7 +146,7 @@ class FsspecStorage:
         self.staging_dir = None if staging_dir is None else Path(staging_dir)
         self.exclusive = bool(exclusive)
         self._copies: dict[str, str] = {}  # checkpoint name -> its local download's temp dir
-        self._owned: dict[str, int] = {}  # staging dir -> the fd holding its owner lock
+        self._owned: dict[str, Any] = {}  # staging dir -> the DirectoryLock that owns it
 
     # -- the Storage protocol -------------------------------------------------------------
     def key(self, name: str = "") -> str:
@@ -253,8 +252,11 @@ class FsspecStorage:
 
     def _staging(self, prefix: str) -> str:
         """A new local directory ``<prefix><pid>-<random>`` in the staging directory, owned
-        through an exclusive ``flock`` on its :data:`OWNER` file until :meth:`_unstage`; first,
-        those whose owner is gone (a SIGKILL mid-upload) are removed (:func:`_abandoned`)."""
+        through the checkpoint directories' own lock (:class:`~simulator.controller.lock.
+        DirectoryLock`, a ``flock``) until :meth:`_unstage`; first, those whose owner is gone
+        (a SIGKILL mid-upload) are removed (:func:`_remove_if_abandoned`)."""
+        from simulator.controller.lock import DirectoryLock
+
         if self.staging_dir is not None:
             self.staging_dir.mkdir(parents=True, exist_ok=True)
         where = Path(self.staging_dir or tempfile.gettempdir())
@@ -262,17 +264,17 @@ class FsspecStorage:
             if not old.is_symlink() and old.is_dir():
                 _remove_if_abandoned(old, prefix)
         tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where)
-        fd = os.open(Path(tmp) / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
-        self._owned[tmp] = fd
+        lock = DirectoryLock(tmp)
+        lock.acquire()  # a new directory: nobody else holds it
+        self._owned[tmp] = lock
         return tmp
 
     def _unstage(self, tmp: str) -> None:
         """Remove staging directory ``tmp``, then let go of its ownership."""
         shutil.rmtree(tmp, ignore_errors=True)
-        fd = self._owned.pop(tmp, None)
-        if fd is not None:
-            os.close(fd)
+        lock = self._owned.pop(tmp, None)
+        if lock is not None:
+            lock.release()
 
     def commit(self, name: str, write: Callable[[Path], None]) -> None:
         """Write checkpoint ``name``: ``write(path)`` makes a complete ckptio checkpoint at a
@@ -485,28 +487,24 @@ def open_store(storage: FsspecStorage) -> str | None:
     return READ_ONLY
 
 
-OWNER = ".owner"
-"""The file in a staging directory its process holds an exclusive ``flock`` on while it uses
-the directory: the kernel lets go of it when the process ends, however it ends."""
-
 STALE_UNOWNED_S = 600.0
-"""Age past which a staging directory without an :data:`OWNER` file (one an older ckptsim made)
-whose pid is not running here is taken as abandoned."""
+"""Age past which a staging directory without a lock file (one an older ckptsim made) whose pid
+is not running here is taken as abandoned."""
 
 
 def _remove_if_abandoned(old: Path, prefix: str) -> None:
     """Remove staging directory ``old`` if no live process owns it.
 
-    Its owner holds a ``flock`` on its :data:`OWNER` file: if this process can take that lock,
-    nobody holds it, and the directory goes (with the lock held, so no one claims it
-    meanwhile). The pid in its name alone does not decide: a process in another PID namespace
-    (a container sharing the directory) or on another host (a shared file system) is not
-    visible here, and its upload in flight must not be deleted. A directory without the file
-    (an older ckptsim's) goes only when its pid is not running here and it is older than
-    :data:`STALE_UNOWNED_S`."""
-    try:
-        fd = os.open(old / OWNER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    Its owner holds its :class:`~simulator.controller.lock.DirectoryLock`: if this process can
+    take that lock, nobody holds it, and the directory goes (with the lock held, so no one
+    claims it meanwhile). The pid in its name alone does not decide: a process in another PID
+    namespace (a container sharing the directory) or on another host (a shared file system) is
+    not visible here, and its upload in flight must not be deleted. A directory without the
+    lock file (an older ckptsim's, or one made this instant) goes only when its pid is not
+    running here and it is older than :data:`STALE_UNOWNED_S`."""
+    from simulator.controller.lock import LOCK_FILE, DirectoryLock
+
+    if not (old / LOCK_FILE).exists():
         pid = old.name[len(prefix) :].split("-", 1)[0]
         try:
             age = time.time() - old.stat().st_mtime
@@ -515,16 +513,15 @@ def _remove_if_abandoned(old: Path, prefix: str) -> None:
         if pid.isdigit() and not _alive(int(pid)) and age > STALE_UNOWNED_S:
             shutil.rmtree(old, ignore_errors=True)
         return
-    except OSError:
-        return  # not ours to judge (a symlink, no permission)
+    lock = DirectoryLock(old)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return  # owned: a live process is using it
+        lock.acquire()
+    except (InputError, OSError):
+        return  # owned by a live process (CheckpointLocked), or not ours to judge
+    try:
         shutil.rmtree(old, ignore_errors=True)
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _alive(pid: int) -> bool:
