@@ -1239,9 +1239,9 @@ def _exit_hook(ref: weakref.ref) -> Callable[[], None]:
     return hook
 
 
-_EXIT_CALLS: list[object] = []
-"""The statuses ``sys.exit`` was called with in this process, once :func:`_watch_sys_exit`
-has wrapped it."""
+_LAST_EXIT: list[object] = [None]
+"""The status ``sys.exit`` was last called with in this process (None: not called, or with
+None), once :func:`_watch_sys_exit` has wrapped it."""
 
 
 def _watch_sys_exit() -> None:
@@ -1255,7 +1255,7 @@ def _watch_sys_exit() -> None:
         return
 
     def exit(status: object = None) -> None:
-        _EXIT_CALLS.append(status)
+        _LAST_EXIT[0] = status
         current(status)
 
     exit._ckptsim_watched = True  # type: ignore[attr-defined]
@@ -1266,5 +1266,5 @@ def _watch_sys_exit() -> None:
 def _exit_status() -> object:
     """The failing status of the last ``sys.exit`` call (a nonzero number, a message), or
     None where there was none or it succeeded (0, None)."""
-    status = _EXIT_CALLS[-1] if _EXIT_CALLS else None
+    status = _LAST_EXIT[0]
     return None if status is None or status == 0 else status
