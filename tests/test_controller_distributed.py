@@ -14,6 +14,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -481,3 +482,53 @@ def test_every_rank_is_refused_when_another_run_holds_the_directory(tmp_path):
             f"in use by another run (pid {os.getpid()} on"
             in (tmp_path / f"rank{r}.txt").read_text()
         )
+
+
+def _restore_while_rank_zero_cannot_read(rank: int, port: int, root: str, out: str) -> None:
+    import errno
+
+    from simulator.controller import AdaptiveCheckpointer, checkpointer
+    from simulator.controller.distributed import DistributedBackend
+
+    _init(rank, port)
+    if rank == 0:  # a failing local disk under rank 0 only, as it lists the checkpoints
+
+        def failing_disk(*_args, **_kwargs):
+            raise OSError(errno.EIO, "Input/output error")
+
+        checkpointer.choose_checkpoint = failing_disk
+    started = time.monotonic()
+    try:
+        ckpt = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2), backend=DistributedBackend())
+        result = f"restored {ckpt.restore()}"
+    except OSError as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - started
+    (Path(out) / f"rank{rank}.txt").write_text(f"{took:.1f} {result}")
+    dist.destroy_process_group()
+
+
+def test_a_disk_error_on_rank_zero_while_choosing_reaches_every_rank(tmp_path):
+    # Rank 0 chooses alone: an OSError there used to leave rank 0 with its exception and the
+    # other ranks waiting in the broadcast for it (gloo's timeout, 30 min by default).
+    from simulator.controller import AdaptiveCheckpointer
+
+    root = tmp_path / "ckpt"
+    ckpt = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2))
+    ckpt.save(3)
+    ckpt.close()
+    args = (free_port(), str(root), str(tmp_path))
+    mp.start_processes(
+        _restore_while_rank_zero_cannot_read, args=args, nprocs=WORLD, start_method="fork"
+    )
+    results = [(tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(WORLD)]
+    assert results[0][1] == "OSError: [Errno 5] Input/output error"
+    for _took, result in results[1:]:
+        assert result == (
+            f"CheckpointReadError: rank 0 could not choose a checkpoint in {root}: "
+            "[Errno 5] Input/output error"
+        )
+    assert all(float(took) < 30 for took, _ in results)  # heard at once, not at a timeout
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == [
+        "step-00000003"
+    ]  # nothing was judged or moved aside

@@ -822,18 +822,34 @@ class AdaptiveCheckpointer(TierMixin):
 
     def _choose_everywhere(self) -> str | None:
         """Rank 0 chooses; every rank gets the choice and its tier, or raises the same
-        refusal. (With a ring of local tiers the ranks first agree on what it holds.)"""
-        choice, error = None, None
+        refusal. (With a ring of local tiers the ranks first agree on what it holds.) Any
+        other failure of rank 0's (a disk error while listing or reading, say) reaches every
+        rank too: rank 0 raises its own, the others a :class:`ckptio.CheckpointReadError`
+        (an ``OSError``) or a ``RuntimeError`` that quotes it, instead of waiting in the
+        broadcast for a rank that has left it."""
+        choice, error, failed = None, None, None
         self._agree_ring()
         if self.backend.rank == 0:
             try:
                 choice = self._choose()
             except (IncompatibleCheckpoint, NoIntactCheckpoint) as exc:
-                error = (isinstance(exc, NoIntactCheckpoint), str(exc))
+                error = (type(exc).__name__, str(exc))
+            except Exception as exc:
+                failed = exc
+                kind = "OSError" if isinstance(exc, OSError) else "RuntimeError"
+                error = (kind, f"rank 0 could not choose a checkpoint in {self.root}: {exc}")
         choice, tier, error = self.backend.broadcast((choice, self._restore_tier, error))
         self._restore_tier = tier
+        if failed is not None:
+            raise failed
         if error is not None:
-            raise (NoIntactCheckpoint if error[0] else IncompatibleCheckpoint)(error[1])
+            kind, message = error
+            raise {
+                "NoIntactCheckpoint": NoIntactCheckpoint,
+                "IncompatibleCheckpoint": IncompatibleCheckpoint,
+                "OSError": ckptio.CheckpointReadError,
+                "RuntimeError": RuntimeError,
+            }[kind](message)
         return choice
 
     def _choose(self) -> str | None:
