@@ -13,9 +13,11 @@ raw baseline alike.
 This script says whether this machine reports free pages, then, in shuffled rounds, frees
 ``--mib`` MiB (a deleted file's page cache, or a freed buffer), waits each ``--gaps``
 seconds, and times (1) ``os.write`` of that many bytes into a new file, then its fsync
-separately, and (2) filling a fresh buffer of that many bytes. Medians, in µs per 4 KiB page
-for the fill. ``--report FILE`` also writes that, with the command and date (the committed
-``reports/vm-memory.md``); about 2 minutes with the defaults.
+separately, (2) the same write after the benchmark's ``--warm-memory`` touched and let go of
+twice that memory (:func:`simulator.bench.formats.warm_memory`, timed apart: what it costs),
+and (3) filling a fresh buffer of that many bytes. Medians, in µs per 4 KiB page for the
+fill. ``--report FILE`` also writes that, with the command and date (the committed
+``reports/vm-memory.md``); about 3 minutes with the defaults.
 
     python experiments/vm_memory.py [--mib 290] [--gaps 0,0.5,1,2,4] [--rounds 6] [--dir DIR]
         [--report reports/vm-memory.md]
@@ -40,7 +42,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from experiments._report import printed_report, report_option  # noqa: E402
-from simulator.bench.runner import free_page_reporting  # noqa: E402
+from simulator.bench.formats import warm_memory  # noqa: E402
+from simulator.bench.runner import WARM_FACTOR, free_page_reporting  # noqa: E402
 
 PAGE = 4096
 
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ckptsim-vm-memory-", dir=args.dir))
     rng = random.Random(0)
     writes: dict[float, list[tuple[float, float]]] = {g: [] for g in args.gaps}
+    warmed: dict[float, list[tuple[float, float]]] = {g: [] for g in args.gaps}
     fills: dict[float, list[float]] = {g: [] for g in args.gaps}
     try:
         previous = _write(work, source)[0]  # a file whose deletion frees the pages
@@ -92,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(gap)
                 previous, write_s, fsync_s = _write(work, source)
                 writes[gap].append((write_s, fsync_s))
+            for gap in rng.sample(args.gaps, len(args.gaps)):
+                shutil.rmtree(previous)
+                time.sleep(gap)
+                start = time.perf_counter()
+                warm_memory(int(WARM_FACTOR * args.size))
+                warm_s = time.perf_counter() - start
+                previous, write_s, _ = _write(work, source)
+                warmed[gap].append((warm_s, write_s))
             for gap in rng.sample(args.gaps, len(args.gaps)):
                 held = np.ones(args.size, dtype=np.uint8)  # memory in use, then freed
                 del held
@@ -106,12 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         f"{args.mib:,} MiB ({args.size / 1e6:,.0f} MB) per write, {args.rounds} rounds "
         "(medians, and the slowest fill)",
-        f"{'pause s':>8} {'write s':>8} {'fsync s':>8} {'fill µs/page':>13} {'slowest fill':>13}",
+        f"{'pause s':>8} {'write s':>8} {'fsync s':>8} {'warm s':>7} {'then write s':>13} "
+        f"{'fill µs/page':>13} {'slowest fill':>13}",
     ]
     for gap in args.gaps:
         lines.append(
             f"{gap:8.1f} {statistics.median(x[0] for x in writes[gap]):8.3f} "
             f"{statistics.median(x[1] for x in writes[gap]):8.3f} "
+            f"{statistics.median(x[0] for x in warmed[gap]):7.3f} "
+            f"{statistics.median(x[1] for x in warmed[gap]):13.3f} "
             f"{statistics.median(fills[gap]) / pages * 1e6:13.2f} "
             f"{max(fills[gap]) / pages * 1e6:13.2f}"
         )
@@ -124,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             argv,
             started,
             "write = `os.write` of the bytes into a new file, right after the previous file "
-            "was deleted and the pause; fsync timed apart; fill = writing a fresh buffer of the "
-            "same size after freeing one and the pause",
+            "was deleted and the pause; fsync timed apart; warm = `ckptsim bench "
+            "--warm-memory`'s touch of twice the bytes after the pause, then write = the same "
+            "write right after it; fill = writing a fresh buffer of the same size after freeing "
+            "one and the pause",
             lines,
         )
     return 0

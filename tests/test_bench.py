@@ -173,6 +173,14 @@ def test_cli_json_has_the_documented_keys_and_writes_a_loadable_profile(tmp_path
         ),
         (["--sizes", "1M", "--pause", "700"], "--pause 700: at most 600 seconds"),
         (
+            ["--sizes", "1M", "--pause", "1", "--warm-memory"],
+            "--pause and --warm-memory time opposite cases",
+        ),
+        (
+            ["--sizes", "1M", "--warm-memory", "--dir", "s3://bucket/run"],
+            "--warm-memory is measured on a local --dir only",
+        ),
+        (
             ["--sizes", "1M", "--out", "p.json"],
             "--out fits time = latency + bytes/bandwidth, which needs two or more different "
             "sizes; --sizes 1M gives one",
@@ -299,9 +307,9 @@ def _logged_bench(tmp_path, monkeypatch, jobs, log=None, **config):
     log = [] if log is None else log
     real_read, real_drop, real_load = fmt_io.raw_read, fmt_io.drop_cache, fmt_io.LOADERS["ckptsim"]
 
-    def raw_read(directory, name="raw.bin", *, readahead=False, pause_s=0.0):
+    def raw_read(directory, name="raw.bin", *, readahead=False, before_clock=None):
         log.append(("raw read", directory.name, name) + (("readahead",) if readahead else ()))
-        return real_read(directory, name, readahead=readahead, pause_s=pause_s)
+        return real_read(directory, name, readahead=readahead, before_clock=before_clock)
 
     monkeypatch.setattr(fmt_io, "raw_read", raw_read)
     monkeypatch.setattr(fmt_io, "drop_cache", lambda d: log.append(("drop",)) or real_drop(d))
@@ -412,13 +420,46 @@ def test_the_paired_read_is_outside_the_restore_fault_count_and_the_restore_is_c
     pair = log.index(("raw read", "ckptsim-1", ckptio.TENSOR_FILE, "readahead"))
     load = log.index(("load",))
     assert pair < load and log[pair + 1 : load].count(("faults",)) == 1  # read, then window
-    assert ("drop",) in log[log.index(("faults",), pair) : load]  # the restore's own drop
+    # the read's own drop, then the restore's own right before its window opens
+    assert log[pair + 1 : load].count(("drop",)) == 2
+    assert log[load - 2 : load] == [("drop",), ("faults",)]
 
 
 @pytest.mark.parametrize("pause", [-0.5, float("nan"), float("inf")])
 def test_a_config_pause_must_be_finite_seconds(tmp_path, pause):
     with pytest.raises(InputError, match="pause must be a finite number of seconds >= 0"):
         BenchConfig(directory=tmp_path, pause_s=pause)
+
+
+def test_a_pause_and_a_warm_up_are_not_taken_together(tmp_path):
+    with pytest.raises(InputError, match="--pause and --warm-memory time opposite cases"):
+        BenchConfig(directory=tmp_path, pause_s=1.0, warm_memory=True)
+
+
+def test_the_warm_up_maps_every_page_it_is_given_and_keeps_none(monkeypatch):
+    # warm_memory must write into each page (a fresh buffer never written maps no page, and
+    # zeros would not do either: the kernel may map one shared zero page), then let it all go.
+    import mmap
+
+    import numpy as np
+
+    touched = []
+    real_empty = np.empty
+
+    def empty(n, dtype):
+        buf = real_empty(n, dtype)
+        touched.append(buf)
+        return buf
+
+    monkeypatch.setattr(np, "empty", empty)
+    fmt_io.warm_memory(0)
+    fmt_io.warm_memory(-5)  # a budget that came out negative (little memory free) does nothing
+    assert touched == []
+    fmt_io.warm_memory(10 * mmap.PAGESIZE + 1)
+    (buf,) = touched
+    pages = buf.reshape(-1)[: 10 * mmap.PAGESIZE].reshape(10, mmap.PAGESIZE)
+    assert (pages[:, 0] == 1).all() and buf[-1] == 1
+    assert buf.nbytes == 10 * mmap.PAGESIZE + 1
 
 
 def test_writer_repeats_are_validated_and_default_to_repeats(tmp_path):
@@ -436,7 +477,11 @@ def test_every_restore_and_raw_read_records_the_page_faults_it_took(tmp_path, mo
     # the difference across it (a counter read in the wrong place, or not at all, fails).
     ticks = itertools.count(0, 7)
     monkeypatch.setattr(runner, "_minor_faults", lambda: next(ticks))
-    cfg = BenchConfig(directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=2)
+    # A warm-up before each clock faults pages in too: none of them may count as a load's.
+    monkeypatch.setattr(fmt_io, "warm_memory", lambda n: [next(ticks) for _ in range(100)])
+    cfg = BenchConfig(
+        directory=tmp_path, sizes=("1M",), formats=("ckptsim",), repeats=2, warm_memory=True
+    )
     result = run_benchmark(cfg, progress=False)
     loads = [s for s in result.samples if s.get("bench") != "writers"]
     assert {s["format"] for s in loads} == {"raw", "ckptsim", "ckptsim-async"}
@@ -676,6 +721,26 @@ def test_the_quick_goal_check_prints_both_goal_ratios_and_writes_no_report(tmp_p
     assert "300K: median" in out and "over 2 repeats" in out
     assert "parallel writers" not in out
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # two gloo groups of writers: ~20 s
+def test_the_scale_report_says_how_it_was_measured_warm_memory_included(tmp_path, capsys):
+    # The committed report's path: the command line that made it, and, with --warm-memory,
+    # the Method line saying what ran before every clock, and the profile's samples.
+    from experiments import bench_cost_at_scale
+
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = ["--sizes", "300K,1M", "--repeats", "2", "--writers", "1,2", "--writer-repeats", "1"]
+    argv += ["--dir", str(work), "--reports", str(tmp_path), "--machine", "t", "--warm-memory"]
+    assert bench_cost_at_scale.main(argv) == 0
+    text = (tmp_path / "bench-scale-t.md").read_text()
+    assert "--writers 1,2 --repeats 2 --writer-repeats 1 --warm-memory` on" in text
+    assert "- Memory (`--warm-memory`): right before every clock" in text
+    assert "(--warm-memory): each took memory its host backs" in text  # the run's own note
+    samples = json.loads((tmp_path / "bench-scale-t.json").read_text())["samples"]
+    single = [s for s in samples if s.get("bench") != "writers"]
+    assert single and all(s["warm_memory"] is True for s in single)
 
 
 @pytest.mark.parametrize("fmt", ["torch", "ckptsim"])
@@ -938,9 +1003,10 @@ def test_the_vm_memory_experiment_times_writes_and_fills_after_each_pause(tmp_pa
     assert vm_memory.main([*argv, "--report", str(report)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("free page reporting to the host: ")
-    rows = [r for r in map(str.split, out.splitlines()) if len(r) == 5 and r[0][0].isdigit()]
+    rows = [r for r in map(str.split, out.splitlines()) if len(r) == 7 and r[0][0].isdigit()]
     assert [r[0] for r in rows] == ["0.0", "0.1"]
-    assert all(float(v) >= 0 for r in rows for v in r[1:3]) and all(float(r[3]) > 0 for r in rows)
+    # write, fsync, warm-up, write after it: seconds; fills: µs a page
+    assert all(float(v) >= 0 for r in rows for v in r[1:5]) and all(float(r[5]) > 0 for r in rows)
     assert list(work.iterdir()) == []
     # the report holds what was printed, and the command that printed it
     text = report.read_text()
@@ -979,52 +1045,69 @@ def test_the_save_overhead_experiment_compares_the_save_and_the_serializers(tmp_
     assert "no folder" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("pause", [0.0, 0.0123])
+@pytest.mark.parametrize(
+    "pause, warm", [(0.0, False), (0.0123, False), (0.0, True)], ids=["none", "pause", "warm"]
+)
 def test_a_pause_leaves_the_machine_idle_right_before_every_timed_save_and_read(
-    tmp_path, monkeypatch, pause
+    tmp_path, monkeypatch, pause, warm
 ):
     # --pause: each clock (the raw job's write and read, the save, the restore, the paired raw
     # read) starts after an idle pause, and the pages that part does not use (the previous
-    # job's files, the dropped cache) are let go before the pause, not after it.
+    # job's files, the dropped cache) are let go before the pause, not after it. --warm-memory
+    # touches memory at the same places instead (after the pages are let go, so that it
+    # takes them back; right before the clock, so that nothing lets them go again).
     import time
 
+    from simulator.bench.runner import WARM_FACTOR
+
     log, real_sleep, real_write = [], time.sleep, fmt_io.raw_write
-    real_save = fmt_io.SAVERS["ckptsim"]
+    real_save, real_warm = fmt_io.SAVERS["ckptsim"], fmt_io.warm_memory
+    warmed = []
 
     def sleep(seconds):
         if seconds == pause:  # the pause's own sleeps only (threads may sleep too)
             log.append(("idle",))
         return real_sleep(seconds)
 
+    def warm_memory(nbytes):
+        log.append(("idle",))
+        warmed.append(nbytes)
+        return real_warm(nbytes)
+
     monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(fmt_io, "warm_memory", warm_memory)
     monkeypatch.setattr(
         fmt_io, "raw_write", lambda d, b: log.append(("write",)) or real_write(d, b)
     )
     monkeypatch.setitem(fmt_io.SAVERS, "ckptsim", lambda *a: log.append(("save",)) or real_save(*a))
     jobs = [(r, job) for r in range(2) for job in ("raw", "ckptsim")]
-    _, result = _logged_bench(tmp_path, monkeypatch, jobs, log=log, pause_s=pause)
+    _, result = _logged_bench(tmp_path, monkeypatch, jobs, log=log, pause_s=pause, warm_memory=warm)
     timed = [i for i, e in enumerate(log) if e[0] in ("write", "save", "load", "raw read")]
     # Warm-up write (untimed, no pause), then per repeat: raw write + raw read, save + restore
     # + the paired raw read: 5 clocks a repeat.
     assert len(timed) == 1 + 5 * 2
     idles = [e for e in log if e == ("idle",)]
-    if not pause:
+    state_bytes = result.samples[0]["tensor_bytes"]
+    assert warmed == ([int(WARM_FACTOR * state_bytes)] * 5 * 2 if warm else [])
+    if not (pause or warm):
         assert idles == []
     else:
         assert len(idles) == 5 * 2
         for i in timed[1:]:
-            if log[i][0] in ("write", "save", "load"):
+            if log[i][0] in ("write", "save"):
                 assert log[i - 1] == ("idle",), log[i - 3 : i + 1]
-        # Each restore and raw read: its cache drop, then the pause, then the clock.
+        # Each restore and raw read: its cache drop, then the pause, then the clock (a
+        # restore's fault count opens after the pause or warm-up: not the warm-up's faults).
         for i, e in enumerate(log):
             if e == ("load",):
-                assert log[i - 2 : i] == [("drop",), ("idle",)], log[i - 4 : i + 1]
+                assert log[i - 3 : i] == [("drop",), ("idle",), ("faults",)], log[i - 4 : i + 1]
             if e[0] == "raw read":
                 assert log[i + 1 : i + 3] == [("drop",), ("idle",)], log[i : i + 4]
     rows = [s for s in result.samples if s.get("bench") != "writers"]
-    assert rows and all(r["pause_s"] == pause for r in rows)
+    assert rows and all(r["pause_s"] == pause and r["warm_memory"] is warm for r in rows)
     paused = any("idle (--pause)" in n for n in result.notes)
     assert paused is bool(pause)
+    assert any("let go (--warm-memory)" in n for n in result.notes) is warm
 
 
 def test_the_cli_pause_times_saves_after_idle_and_says_so(tmp_path, capsys):
@@ -1043,6 +1126,24 @@ def test_the_cli_pause_times_saves_after_idle_and_says_so(tmp_path, capsys):
         main(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--pause S" in text and "at most 600; a local --dir only" in text
+
+
+def test_the_cli_warm_up_reaches_every_timed_job_and_says_so(tmp_path, capsys):
+    # --warm-memory through the CLI: every sample records it, the table notes it, --help
+    # says what it costs and that it is the opposite of --pause.
+    out = tmp_path / "profile.json"
+    work = tmp_path / "w"
+    work.mkdir()
+    argv = ["bench", "--sizes", "300K,1M", "--formats", "ckptsim", "--repeats", "1"]
+    assert main([*argv, "--dir", str(work), "--warm-memory", "--out", str(out)]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert "2x the state's bytes of memory were touched and let go (--warm-memory)" in table
+    samples = CostProfile.load(out).samples
+    assert samples and {s["warm_memory"] for s in samples} == {True}
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--warm-memory the opposite of --pause" in text
 
 
 def test_a_profile_without_a_fit_for_a_format_says_why_where_it_is_used(tmp_path):

@@ -121,6 +121,23 @@ def raw_write(directory: Path, data: int | Sequence[memoryview]) -> float:
     return time.perf_counter() - start
 
 
+def warm_memory(nbytes: int) -> None:
+    """Map ``nbytes`` of fresh memory, write into each of its pages, and let it go (the
+    benchmark's ``--warm-memory``, right before a clock starts).
+
+    On a VM that hands memory left free for a second or two back to its host (free page
+    reporting: ``simulator.bench.runner.free_page_reporting``), the next use of such memory
+    pays a fault on the host per page, 14-20 µs against 0.55 µs on the project's VM
+    (``reports/vm-memory.md``): a 290 MB write into the page cache took 0.95-1.4 s after a
+    1-2 s pause instead of 0.07 s. The pages touched here are backed again when they are let
+    go, and the kernel hands memory just freed out first, so the timed job that follows takes
+    backed pages, as on a machine whose memory is never reclaimed."""
+    if nbytes > 0:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        buf[:: mmap.PAGESIZE] = 1  # one byte a page maps the page; zeros could share one page
+        del buf
+
+
 _READ_BUFFER: bytearray | None = None
 
 
@@ -134,7 +151,11 @@ def _raw_read_buffer() -> memoryview:
 
 
 def raw_read(
-    directory: Path, name: str = "raw.bin", *, readahead: bool = False, pause_s: float = 0.0
+    directory: Path,
+    name: str = "raw.bin",
+    *,
+    readahead: bool = False,
+    before_clock: Callable[[], None] | None = None,
 ) -> float:
     """Seconds to read the file ``name`` in ``directory`` back from disk (the directory's
     pages dropped first), 64 MB at a time into one buffer mapped in advance, with the restore's
@@ -148,8 +169,8 @@ def raw_read(
     restore's own I/O, without its parsing, checksum or tensors: what ``experiments/
     restore_gap.py`` sets a restore beside).
 
-    ``pause_s``: seconds idle between dropping the pages and starting the clock (the
-    benchmark's ``--pause``).
+    ``before_clock``: called between dropping the pages and starting the clock (the
+    benchmark's ``--pause`` and ``--warm-memory``).
 
     (``f.read(64 MB)``, a fresh buffer per call, measured the allocator as much as the disk:
     inside the benchmark loop it reused freed heap memory and mapped no page, in a fresh
@@ -158,8 +179,8 @@ def raw_read(
     buf = _raw_read_buffer()
     chunk = READ_CHUNK if readahead else len(buf)
     drop_cache(directory)
-    if pause_s:
-        time.sleep(pause_s)
+    if before_clock is not None:
+        before_clock()
     start = time.perf_counter()
     with open(directory / name, "rb", buffering=0) as f:
         if hasattr(os, "posix_fadvise"):  # the readahead hint the restore gives its file

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,13 @@ class BenchConfig:
     host (:func:`free_page_reporting`) a save made after minutes of training allocates page
     cache from reclaimed memory; a pause of a few seconds times that save, which back-to-back
     jobs, reusing memory just freed, do not (``reports/vm-memory.md``)."""
+    warm_memory: bool = False
+    """Right before each clock :data:`pause_s` would pause at, touch and let go of
+    :data:`WARM_FACTOR` times the state's bytes (``--warm-memory``,
+    :func:`~simulator.bench.formats.warm_memory`): on a VM that hands freed memory back to its
+    host, every timed job then takes memory the host backs, as on a machine that does not
+    (a GPU node's), instead of whichever job follows a lull paying the host's faults. The
+    opposite of a pause; the two are not taken together."""
     seed: int = 0
 
     def __post_init__(self):
@@ -107,6 +114,11 @@ class BenchConfig:
             raise InputError(f"repeats must be at least 1, got {self.repeats}")
         if not 0 <= self.pause_s < math.inf:  # NaN fails this too
             raise InputError(f"pause must be a finite number of seconds >= 0, got {self.pause_s}")
+        if self.pause_s and self.warm_memory:
+            raise InputError(
+                "--pause and --warm-memory time opposite cases (memory the host took back, "
+                "memory it backs): give one"
+            )
         if self.writer_repeats is not None and self.writer_repeats < 1:
             raise InputError(f"writer repeats must be at least 1, got {self.writer_repeats}")
         bad_writers = [w for w in self.writers if isinstance(w, bool) or not isinstance(w, int)]
@@ -314,9 +326,10 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
         if local is None:
             from simulator.bench.remote import run_remote_benchmark
 
-            if cfg.pause_s:
+            if cfg.pause_s or cfg.warm_memory:
+                flag = "--pause" if cfg.pause_s else "--warm-memory"
                 raise InputError(
-                    "--pause is measured on a local --dir only: an object store's memory is "
+                    f"{flag} is measured on a local --dir only: an object store's memory is "
                     "its servers'"
                 )
 
@@ -341,6 +354,13 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
             f"every timed save and restore (the raw jobs' too) began after {cfg.pause_s:g} s "
             "idle (--pause): the cost of a save made after a while of training where a host "
             "reclaims freed memory, paid by both sides of each goal ratio"
+        )
+    if cfg.warm_memory:
+        notes.append(
+            f"every timed save and restore (the raw jobs' too) began right after {WARM_FACTOR:g}x "
+            "the state's bytes of memory were touched and let go (--warm-memory): each took "
+            "memory its host backs, as on a machine that does not reclaim freed memory"
+            + ("; not the parallel writers, each in a process of its own" if cfg.writers else "")
         )
     if cfg.weights_precision == "bf16" and "bf16" in cfg.dtypes:
         notes.append(
@@ -378,11 +398,12 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
                     if fmt != "raw":
                         row["optimizer_precision"] = cfg.optimizer_precision if reduced else "fp32"
                         row["weights_precision"] = cfg.weights_precision if reduced else "fp32"
+                    row |= {"pause_s": cfg.pause_s, "warm_memory": cfg.warm_memory}
                     with disk_errors_are_the_users(
                         f"the {job} checkpoint ({size} {dtype})", directory
                     ):
                         where = work / f"{job}-{rep}"
-                        _measure(job, held, where, row, pause_s=cfg.pause_s)
+                        _measure(job, held, where, row, _before_clock(cfg, tensor_bytes))
                     samples.append(row)
                     bar.update()
                 del held
@@ -398,6 +419,28 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
     return summarise(samples, notes, machine_facts(directory))
+
+
+WARM_FACTOR = 2.0
+"""How much memory ``--warm-memory`` touches before each clock, in multiples of the state's
+bytes: the most a timed job takes (an async save's staging copy and its file's page cache; a
+restore's tensors and its page cache)."""
+
+
+def _before_clock(cfg: BenchConfig, tensor_bytes: int) -> Callable[[], None]:
+    """What runs right before each clock of a job: :attr:`BenchConfig.pause_s` idle, or
+    :attr:`BenchConfig.warm_memory`'s touch (never more than the memory free then, less
+    256 MB), or nothing."""
+
+    def before() -> None:
+        if cfg.warm_memory:
+            fmt_io.warm_memory(
+                int(min(WARM_FACTOR * tensor_bytes, mem_available_bytes() - (256 << 20)))
+            )
+        if cfg.pause_s:
+            time.sleep(cfg.pause_s)
+
+    return before
 
 
 def interleaved(jobs: list[str], repeats: int) -> Iterator[tuple[int, str]]:
@@ -428,12 +471,16 @@ checkpoint right beside its restore (see :func:`_measure`)."""
 
 
 def _measure(
-    job: str, held: list[Any], where: Path, row: dict[str, Any], *, pause_s: float = 0.0
+    job: str,
+    held: list[Any],
+    where: Path,
+    row: dict[str, Any],
+    before_clock: Callable[[], None] = lambda: None,
 ) -> None:
     """One save + cold restore of the state ``held[0]``, which the restored one replaces (the
     list is the state's only reference, so a restore can free it before its clock starts).
-    ``pause_s``: idle seconds before each clock starts (:attr:`BenchConfig.pause_s`), after
-    the pages the timed part will not use are let go; ``row["pause_s"]`` records it.
+    ``before_clock`` runs right before each clock starts (:func:`_before_clock`: a pause or a
+    memory warm-up), after the pages the timed part will not use are let go.
 
     The :data:`PAIRED` format's restore is timed back to back with a raw read of the
     checkpoint's own tensor file (the same bytes in the same blocks, read with the restore's
@@ -445,11 +492,6 @@ def _measure(
     found, which would have flattered the save.)"""
     paired = job == PAIRED
     raw_first = row["repeat"] % 2 == 1
-    row["pause_s"] = pause_s
-
-    def idle() -> None:
-        if pause_s:
-            time.sleep(pause_s)
 
     def raw_pair_load() -> None:
         if paired:
@@ -457,7 +499,7 @@ def _measure(
             # it): a plain 64 MB read was up to 3x slower on the project's VM, a baseline the
             # restore's own I/O pattern alone would beat.
             row["raw_pair_load_s"] = fmt_io.raw_read(
-                where, ckptio.TENSOR_FILE, readahead=True, pause_s=pause_s
+                where, ckptio.TENSOR_FILE, readahead=True, before_clock=before_clock
             )
             row["raw_pair_load_bytes"] = (where / ckptio.TENSOR_FILE).stat().st_size
 
@@ -465,15 +507,20 @@ def _measure(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP: "assuming ... a single process"
             if job == "raw":  # the state's own bytes, from its own memory, as a save writes
-                idle()
+                before_clock()
                 row["save_s"] = fmt_io.raw_write(where, fmt_io.state_bytes(held[0]))
                 row["bytes"] = fmt_io.disk_bytes(where)
-                faults = _minor_faults()
-                row["load_s"] = fmt_io.raw_read(where, pause_s=pause_s)
-                row["load_minor_faults"] = _minor_faults() - faults
+                faults = []
+
+                def then_count() -> None:  # the read's faults, not a warm-up's
+                    before_clock()
+                    faults.append(_minor_faults())
+
+                row["load_s"] = fmt_io.raw_read(where, before_clock=then_count)
+                row["load_minor_faults"] = _minor_faults() - faults[0]
                 return
             fmt = job.removesuffix(REDUCED)
-            idle()
+            before_clock()
             if job.endswith(REDUCED):
                 row.update(
                     fmt_io.save_reduced(
@@ -491,20 +538,18 @@ def _measure(
             row["bytes"] = fmt_io.disk_bytes(where)
             if raw_first:
                 raw_pair_load()
-            faults = _minor_faults()  # counted from here: drop_cache faults no page in
-            if job in fmt_io.IN_PLACE:
-                fmt_io.drop_cache(where)
-                idle()
-                start = time.perf_counter()
-                held[0] = loader(where, held[0])
-            else:
+            if job not in fmt_io.IN_PLACE:
                 # Drop our reference so only the restored copy is held (1x memory at 1B), and
                 # before the clock starts: freeing the previous restore is no part of this one.
                 held.clear()
                 gc.collect()  # a saver's closure may hold it in a cycle a moment longer
-                fmt_io.drop_cache(where)
-                idle()
-                start = time.perf_counter()
+            fmt_io.drop_cache(where)
+            before_clock()
+            faults = _minor_faults()  # the restore's own, not a warm-up's
+            start = time.perf_counter()
+            if job in fmt_io.IN_PLACE:
+                held[0] = loader(where, held[0])
+            else:
                 held.append(loader(where))
             row["load_s"] = time.perf_counter() - start
             row["load_minor_faults"] = _minor_faults() - faults

@@ -135,6 +135,15 @@ def register(subparsers) -> None:
         "save, and --out fits the cost model to it (at most "
         f"{MAX_PAUSE_S:g}; a local --dir only)",
     )
+    p.add_argument(
+        "--warm-memory",
+        action="store_true",
+        help="the opposite of --pause: right before each timed save and restore (the raw "
+        "jobs' too), touch and let go of twice the state's bytes of memory, so that every job "
+        "takes memory the host backs, as on a machine that never reclaims it (a GPU node), "
+        "instead of whichever job follows a lull paying for it; untimed, it adds up to "
+        "~6 s per GB of state per job on such a VM (a local --dir only)",
+    )
     p.add_argument("--out", metavar="FILE", help="write the cost profile JSON (.json) here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=run)
@@ -162,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer_precision=args.optimizer_precision,
         weights_precision=args.weights_precision,
         pause_s=args.pause,
+        warm_memory=args.warm_memory,
     )
     from simulator.cli.common import output_path
 
