@@ -8,7 +8,12 @@ position), then in ``--rounds`` rounds, jobs shuffled (seeded), back to back:
    CRC-32, manifest, fsyncs, rename) against ``raw_write`` of the state's own bytes from its
    own memory, fsync'ed (the benchmark's baseline). Prints both medians, the ratio of the
    medians, and the median of the per-round time ratios with its distribution-free 95 %
-   interval (:func:`simulator.engines.results.median_ci`).
+   interval (:func:`simulator.engines.results.median_ci`). Between the two, the library's
+   write alone (``safetensors.serialize_file`` with the save's ``TensorSpec``s, then the
+   file's and the directory's fsync: no CRC, no small files, no rename), which splits the
+   save's extra time into the library's and ckptio's own. ``--warm-memory`` runs the
+   benchmark's warm-up (:func:`simulator.bench.formats.warm_memory`, twice the state's bytes)
+   right before each of these, untimed.
 2. Without I/O: how long describing the tensors to the safetensors serializer takes, the two
    ways. ``safetensors.torch.save_file`` checks them and wraps each in a numpy array to learn
    its address (its ``_flatten_as_ptr``) before calling ``safetensors.serialize_file``; the
@@ -18,7 +23,7 @@ position), then in ``--rounds`` rounds, jobs shuffled (seeded), back to back:
 ``--report FILE`` also writes what it prints, with the command and date (the committed
 ``reports/save-overhead.md``); about a minute at the default size.
 
-    python experiments/save_overhead.py [--size 25M] [--rounds 16] [--dir DIR]
+    python experiments/save_overhead.py [--size 25M] [--rounds 16] [--dir DIR] [--warm-memory]
         [--report reports/save-overhead.md]
 """
 
@@ -50,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="25M", help="model size in parameters (25M: ~290 MB)")
     ap.add_argument("--rounds", type=int, default=16, help="rounds of each comparison (16)")
     ap.add_argument("--dir", type=Path, default=REPO, help="the disk the saves are timed on")
+    ap.add_argument(
+        "--warm-memory",
+        action="store_true",
+        help="touch and let go of twice the state's bytes before each timed write, untimed "
+        "(ckptsim bench --warm-memory)",
+    )
     report_option(ap)
     args = ap.parse_args(argv)
     if args.rounds < MIN_REPEATS:
@@ -57,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dir.is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    from safetensors import serialize_file
     from safetensors.torch import _flatten_as_ptr  # what save_file runs first (private)
 
     state = build_state(parse_size(args.size)).state
@@ -69,14 +81,23 @@ def main(argv: list[str] | None = None) -> int:
 
     def timed(fn, where: Path) -> float:  # a job writing ``where / <new name>``
         target = where / f"j{next(count)}"
+        if args.warm_memory:
+            fmt_io.warm_memory(2 * nbytes)
         start = time.perf_counter()
         fn(target)
         took = time.perf_counter() - start
         shutil.rmtree(target) if target.is_dir() else target.unlink()
         return took
 
+    def serializer(where: Path) -> None:  # the library's write, fsync'ed, nothing else
+        where.mkdir()
+        serialize_file({k: _spec(t) for k, t in tensors.items()}, where / "f", metadata=None)
+        ckptio.fsync_file(where / "f")
+        ckptio.fsync_dir(where)
+
     disk = {
         "save": lambda p: ckptio.write_checkpoint(p, tensors, {"step": 1}),
+        "serializer": serializer,
         "raw": lambda p: fmt_io.raw_write(p, own),
     }
     describe = {
@@ -97,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in times.items()}
+
+    def per_round(a: str, b: str) -> str:
+        mid, lo, hi = median_ci([x / y for x, y in zip(times[a], times[b], strict=True)])
+        return f"{mid:.3f} [{lo:.3f}, {hi:.3f}]"
+
     ratio, low, high = median_ci([s / r for s, r in zip(times["save"], times["raw"], strict=True)])
     lines = [
         f"{args.size}: {len(tensors)} tensors, {nbytes / 1e6:,.0f} MB, {args.rounds} rounds, "
@@ -106,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(bandwidth {med['raw'] / med['save']:.2f} of raw); per-round time ratio "
         f"{ratio:.3f} [{low:.3f}, {high:.3f}] (bandwidth {1 / ratio:.3f} "
         f"[{1 / high:.3f}, {1 / low:.3f}])",
+        f"  the library's write alone (serialize_file + fsyncs) {med['serializer'] * 1e3:.1f} "
+        f"ms: per-round time ratio to the raw write {per_round('serializer', 'raw')}; the "
+        f"save's to it {per_round('save', 'serializer')}",
         f"  describing the tensors to the serializer: save_file's way (checks and numpy "
         f"wrapping) {med['save_file'] * 1e3:.2f} ms, a TensorSpec each "
         f"{med['TensorSpec'] * 1e3:.2f} ms ({(med['save_file'] - med['TensorSpec']) * 1e3:.1f} "
@@ -119,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             "experiments/save_overhead.py",
             argv,
             started,
-            "jobs shuffled within each round, back to back; the per-round interval is the "
-            "median's distribution-free 95 % interval",
+            "jobs shuffled within each round, back to back"
+            + (", each after the untimed warm-up (--warm-memory)" if args.warm_memory else "")
+            + "; the per-round interval is the median's distribution-free 95 % interval",
             lines,
         )
     return 0

@@ -1028,10 +1028,12 @@ def test_the_save_overhead_experiment_compares_the_save_and_the_serializers(tmp_
 
     work, report = tmp_path / "work", tmp_path / "save-overhead.md"
     work.mkdir()
-    argv = ["--size", "300K", "--rounds", "6", "--dir", str(work)]
+    argv = ["--size", "300K", "--rounds", "6", "--dir", str(work), "--warm-memory"]
     assert save_overhead.main([*argv, "--report", str(report)]) == 0
     out = capsys.readouterr().out
     assert "on disk" in out and "ratio of the medians" in out and "per-round time ratio" in out
+    assert "the library's write alone (serialize_file + fsyncs)" in out
+    assert "each after the untimed warm-up (--warm-memory)" in report.read_text()
     assert "describing the tensors to the serializer" in out and "ms less per save" in out
     assert list(work.iterdir()) == []
     text = report.read_text()
