@@ -127,11 +127,14 @@ def warm_memory(nbytes: int) -> None:
 
     On a VM that hands memory left free for a second or two back to its host (free page
     reporting: ``simulator.bench.runner.free_page_reporting``), the next use of such memory
-    pays a fault on the host per page, 14-20 µs against 0.55 µs on the project's VM
-    (``reports/vm-memory.md``): a 290 MB write into the page cache took 0.95-1.4 s after a
-    1-2 s pause instead of 0.07 s. The pages touched here are backed again when they are let
-    go, and the kernel hands memory just freed out first, so the timed job that follows takes
-    backed pages, as on a machine whose memory is never reclaimed."""
+    pays a fault on the host per page. On the project's VM (``reports/vm-memory.md``,
+    2026-12-07) a fresh page cost 7.4 µs after a 2 s pause against 0.59 µs with none, and a
+    290 MiB write into the page cache took 0.60 s after 2 s and 0.80 s after 4 s instead of
+    0.09 s; right after this warm-up it took 0.085-0.091 s whatever the pause. The pages
+    touched here are backed again when they are let go, and the kernel hands memory just
+    freed out first, so the timed job that follows takes backed pages, as on a machine whose
+    memory is never reclaimed. The warm-up pays those faults itself, untimed: 1.4-1.8 s for
+    608 MB after a 2-4 s pause there."""
     if nbytes > 0:
         buf = np.empty(nbytes, dtype=np.uint8)
         buf[:: mmap.PAGESIZE] = 1  # one byte a page maps the page; zeros could share one page

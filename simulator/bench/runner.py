@@ -83,7 +83,7 @@ class BenchConfig:
     cache from reclaimed memory; a pause of a few seconds times that save, which back-to-back
     jobs, reusing memory just freed, do not (``reports/vm-memory.md``)."""
     warm_memory: bool = False
-    """Right before each clock :data:`pause_s` would pause at, touch and let go of
+    """Right before each clock :attr:`pause_s` would pause at, touch and let go of
     :data:`WARM_FACTOR` times the state's bytes (``--warm-memory``,
     :func:`~simulator.bench.formats.warm_memory`): on a VM that hands freed memory back to its
     host, every timed job then takes memory the host backs, as on a machine that does not
