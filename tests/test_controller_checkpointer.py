@@ -448,3 +448,31 @@ def test_with_allow_fresh_start_a_restore_that_finds_nothing_intact_leaves_the_m
         with checkpointer(directory, model, opt, sched, allow_fresh_start=True) as ck:
             assert ck.restore() == 0
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_a_failure_moving_a_corrupt_checkpoint_aside_stops_the_restore(tmp_path, monkeypatch):
+    # Rank 0 moves a rejected checkpoint aside between two choices; a failure there is carried
+    # to the next choice (so that on several ranks every rank hears of it) and raised: never
+    # swallowed into a fallback to an older checkpoint.
+    from simulator.controller import checkpointer
+
+    model = torch.nn.Linear(64, 64)
+    ckpt = AdaptiveCheckpointer(tmp_path, model=model)
+    ckpt.save(1)
+    ckpt.save(2)
+    ckpt.close()
+    data = tmp_path / "step-00000002" / ckptio.TENSOR_FILE
+    flipped = bytearray(data.read_bytes())
+    flipped[-10] ^= 0xFF
+    data.write_bytes(bytes(flipped))
+    tried = []
+
+    def failing_disk(storage, name, *_args, **_kwargs):
+        tried.append(name)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(checkpointer, "reject", failing_disk)
+    with pytest.raises(OSError, match=r"\[Errno 5\] Input/output error"):
+        AdaptiveCheckpointer(tmp_path, model=model).restore()
+    assert tried == ["step-00000002"]
+    assert (tmp_path / "step-00000002").is_dir() and (tmp_path / "step-00000001").is_dir()

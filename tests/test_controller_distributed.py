@@ -484,22 +484,25 @@ def test_every_rank_is_refused_when_another_run_holds_the_directory(tmp_path):
         )
 
 
-def _restore_while_rank_zero_cannot_read(rank: int, port: int, root: str, out: str) -> None:
+def _restore_while_rank_zero_cannot_read(
+    rank: int, port: int, root: str, out: str, where: str
+) -> None:
     import errno
 
     from simulator.controller import AdaptiveCheckpointer, checkpointer
     from simulator.controller.distributed import DistributedBackend
 
+    def failing_disk(*_args, **_kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
     _init(rank, port)
-    if rank == 0:  # a failing local disk under rank 0 only, as it lists the checkpoints
-
-        def failing_disk(*_args, **_kwargs):
-            raise OSError(errno.EIO, "Input/output error")
-
+    if rank == 0 and where == "choosing":  # a failing disk as rank 0 reads the checkpoints
         checkpointer.choose_checkpoint = failing_disk
     started = time.monotonic()
     try:
         ckpt = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2), backend=DistributedBackend())
+        if rank == 0 and where == "listing":  # ... or as it first lists the directory
+            ckpt.storage.list = failing_disk
         result = f"restored {ckpt.restore()}"
     except OSError as exc:
         result = f"{type(exc).__name__}: {exc}"
@@ -508,16 +511,19 @@ def _restore_while_rank_zero_cannot_read(rank: int, port: int, root: str, out: s
     dist.destroy_process_group()
 
 
-def test_a_disk_error_on_rank_zero_while_choosing_reaches_every_rank(tmp_path):
+@pytest.mark.parametrize("where", ["choosing", "listing"])
+def test_a_disk_error_on_rank_zero_while_choosing_reaches_every_rank(tmp_path, where):
     # Rank 0 chooses alone: an OSError there used to leave rank 0 with its exception and the
-    # other ranks waiting in the broadcast for it (gloo's timeout, 30 min by default).
+    # other ranks waiting in the broadcast for it (gloo's timeout, 30 min by default). The
+    # listing case is the review's: rank 0 lists what earlier launches moved aside before
+    # the first choice, outside its guard.
     from simulator.controller import AdaptiveCheckpointer
 
     root = tmp_path / "ckpt"
     ckpt = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2))
     ckpt.save(3)
     ckpt.close()
-    args = (free_port(), str(root), str(tmp_path))
+    args = (free_port(), str(root), str(tmp_path), where)
     mp.start_processes(
         _restore_while_rank_zero_cannot_read, args=args, nprocs=WORLD, start_method="fork"
     )

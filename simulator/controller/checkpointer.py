@@ -129,6 +129,24 @@ _PREEMPTION_CHECK_S = 5.0
 _NEVER = sys.maxsize
 
 
+_SHARED_FAILURES: tuple[type[BaseException], ...] = (
+    NoIntactCheckpoint,
+    IncompatibleCheckpoint,
+    InputError,
+    OSError,
+    BaseException,
+)
+"""What a failure of rank 0's while choosing is, first match, as the other ranks raise it
+(:data:`_SHARED_AS`): the same refusal, a user's mistake, a read failure, anything else."""
+_SHARED_AS: tuple[type[BaseException], ...] = (
+    NoIntactCheckpoint,
+    IncompatibleCheckpoint,
+    InputError,
+    ckptio.CheckpointReadError,
+    RuntimeError,
+)
+
+
 class AdaptiveCheckpointer(TierMixin):
     """Saves a training run's complete state at the interval the policy deems best.
 
@@ -710,7 +728,16 @@ class AdaptiveCheckpointer(TierMixin):
 
     def _load_newest(self) -> int:
         self._rejected: dict[str, str] = {}  # rank 0: name -> why, in this restore
-        self._aside_before = rejected_aside(self.storage) if self.backend.rank == 0 else []
+        self._aside_before: list[str] = []
+        # Rank 0's own work between broadcasts (listing what earlier launches moved aside,
+        # moving a rejected checkpoint aside) fails into the next choice's broadcast, so that
+        # every rank hears of it (see _choose_everywhere), never on rank 0 alone.
+        self._deferred: BaseException | None = None
+        if self.backend.rank == 0:
+            try:
+                self._aside_before = rejected_aside(self.storage)
+            except BaseException as exc:
+                self._deferred = exc
         self._restore_tier = PERSISTENT
         while (name := self._choose_everywhere()) is not None:
             store = self._tier_storage(self._restore_tier)
@@ -793,12 +820,18 @@ class AdaptiveCheckpointer(TierMixin):
             )
 
     def _reject(self, name: str, why: str, reason: str) -> None:
+        """Rank 0 moves ``name`` aside (or notes it); a failure doing so is raised by the next
+        choice, on every rank (:meth:`_choose_everywhere`)."""
         if self.backend.rank != 0:
             return
-        if self._restore_tier == LOCAL:
-            self._reject_local(name, why, reason)
-            return
-        self._note_rejected(name, reject(self.storage, name, why, reason, move=self._lock.held))
+        try:
+            if self._restore_tier == LOCAL:
+                self._reject_local(name, why, reason)
+                return
+            line = reject(self.storage, name, why, reason, move=self._lock.held)
+            self._note_rejected(name, line)
+        except BaseException as exc:
+            self._deferred = exc
 
     def _note_rejected(self, name: str, line: str) -> None:
         warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=5)
@@ -826,30 +859,31 @@ class AdaptiveCheckpointer(TierMixin):
         other failure of rank 0's (a disk error while listing or reading, say) reaches every
         rank too: rank 0 raises its own, the others a :class:`ckptio.CheckpointReadError`
         (an ``OSError``) or a ``RuntimeError`` that quotes it, instead of waiting in the
-        broadcast for a rank that has left it."""
+        broadcast for a rank that has left it. A failure of rank 0's own work since the last
+        choice (:attr:`_deferred`) is raised here the same way."""
         choice, error, failed = None, None, None
         self._agree_ring()
         if self.backend.rank == 0:
             try:
+                if self._deferred is not None:
+                    failed, self._deferred = self._deferred, None
+                    raise failed
                 choice = self._choose()
-            except (IncompatibleCheckpoint, NoIntactCheckpoint) as exc:
-                error = (type(exc).__name__, str(exc))
-            except Exception as exc:
+            except BaseException as exc:  # an interrupt too: the others must not wait
                 failed = exc
-                kind = "OSError" if isinstance(exc, OSError) else "RuntimeError"
-                error = (kind, f"rank 0 could not choose a checkpoint in {self.root}: {exc}")
+                kind = next(i for i, t in enumerate(_SHARED_FAILURES) if isinstance(exc, t))
+                if isinstance(exc, IncompatibleCheckpoint | NoIntactCheckpoint):
+                    message = str(exc)  # the same refusal everywhere, word for word
+                else:
+                    message = f"rank 0 could not choose a checkpoint in {self.root}: {exc}"
+                error = (kind, message)
         choice, tier, error = self.backend.broadcast((choice, self._restore_tier, error))
         self._restore_tier = tier
         if failed is not None:
             raise failed
         if error is not None:
             kind, message = error
-            raise {
-                "NoIntactCheckpoint": NoIntactCheckpoint,
-                "IncompatibleCheckpoint": IncompatibleCheckpoint,
-                "OSError": ckptio.CheckpointReadError,
-                "RuntimeError": RuntimeError,
-            }[kind](message)
+            raise _SHARED_AS[kind](message)
         return choice
 
     def _choose(self) -> str | None:
