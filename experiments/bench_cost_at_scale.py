@@ -195,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
 
         name = f"bench-scale-{args.machine}"
         profile = CostProfile.load(args.reports / f"{name}.json")
-        print(figure(_plot(profile), f"{name}-writers"))
+        print(figure(_plot(profile), f"{name}-writers", root=args.reports))
         goals = summarise(profile.samples, [], profile.machine).goals
-        print(figure(_plot_ratios(goals), f"{name}-ratios"))
+        print(figure(_plot_ratios(goals), f"{name}-ratios", root=args.reports))
         return 0
     if args.repeats is None:
         args.repeats = 6 if args.quick else 15
@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     profile = result.profile()
     name = f"bench-scale-{args.machine}"
     profile.save(args.reports / f"{name}.json")
-    img = figure(_plot(profile), f"{name}-writers")
-    ratios_img = figure(_plot_ratios(result.goals), f"{name}-ratios")
+    img = figure(_plot(profile), f"{name}-writers", root=args.reports)
+    ratios_img = figure(_plot_ratios(result.goals), f"{name}-ratios", root=args.reports)
     m = result.machine
     lines = [
         f"# Checkpoint cost at scale on `{args.machine}`: restore and parallel writers",

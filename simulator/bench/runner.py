@@ -329,8 +329,8 @@ def run_benchmark(cfg: BenchConfig, *, progress: bool = True) -> BenchResult:
             if cfg.pause_s or cfg.warm_memory:
                 flag = "--pause" if cfg.pause_s else "--warm-memory"
                 raise InputError(
-                    f"{flag} is measured on a local --dir only: an object store's memory is "
-                    "its servers'"
+                    f"{flag} times a local disk's page cache: give a local --dir (a path or "
+                    "a file:// URL)"
                 )
 
             return run_remote_benchmark(cfg, progress=progress)
@@ -576,10 +576,14 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def summarise(samples: list[dict], notes: list[str], machine: dict[str, Any]) -> BenchResult:
     """Medians, ratios to raw and goals from raw samples (a run's, or a stored profile's);
-    ``notes``, and :data:`FREE_PAGE_NOTE` where ``machine`` records free page reporting."""
+    ``notes``, and :data:`FREE_PAGE_NOTE` where ``machine`` records free page reporting and
+    the saves and restores were not warmed up (``--warm-memory``: then no timed job paid for
+    reclaimed memory, and the run's own note says so)."""
     from simulator.bench.writers import summarise_writers
 
-    if machine.get("free_page_reporting") and FREE_PAGE_NOTE not in notes:
+    single = [s for s in samples if s.get("bench") != "writers"]
+    warmed = bool(single) and all(s.get("warm_memory") for s in single)
+    if machine.get("free_page_reporting") and not warmed and FREE_PAGE_NOTE not in notes:
         notes = [*notes, FREE_PAGE_NOTE]
 
     parallel = summarise_writers(samples)

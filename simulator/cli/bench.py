@@ -141,8 +141,9 @@ def register(subparsers) -> None:
         help="the opposite of --pause: right before each timed save and restore (the raw "
         "jobs' too), touch and let go of twice the state's bytes of memory, so that every job "
         "takes memory the host backs, as on a machine that never reclaims it (a GPU node), "
-        "instead of whichever job follows a lull paying for it; untimed, it adds up to "
-        "~6 s per GB of state per job on such a VM (a local --dir only)",
+        "instead of whichever job follows a lull paying for it. Untimed, but where the host "
+        "took the memory back it costs up to ~6 s per GB of state per job; it touches at "
+        "most the memory free less 256 MB (a local --dir only)",
     )
     p.add_argument("--out", metavar="FILE", help="write the cost profile JSON (.json) here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
