@@ -503,6 +503,8 @@ def _restore_while_rank_zero_cannot_read(
         ckpt = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2), backend=DistributedBackend())
         if rank == 0 and where == "listing":  # ... or as it first lists the directory
             ckpt.storage.list = failing_disk
+        if rank == 0 and where == "after":  # ... or as it logs the restore, before the due step
+            ckpt.runlog.append = failing_disk
         result = f"restored {ckpt.restore()}"
     except OSError as exc:
         result = f"{type(exc).__name__}: {exc}"
@@ -511,18 +513,21 @@ def _restore_while_rank_zero_cannot_read(
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("where", ["choosing", "listing"])
+@pytest.mark.parametrize("where", ["choosing", "listing", "after"])
 def test_a_disk_error_on_rank_zero_while_choosing_reaches_every_rank(tmp_path, where):
     # Rank 0 chooses alone: an OSError there used to leave rank 0 with its exception and the
     # other ranks waiting in the broadcast for it (gloo's timeout, 30 min by default). The
-    # listing case is the review's: rank 0 lists what earlier launches moved aside before
-    # the first choice, outside its guard.
+    # listing case is the first review's: rank 0 lists what earlier launches moved aside
+    # before the first choice, outside its guard; "after" the second's: rank 0 logs the
+    # restore alone before the due step is broadcast (here after finding nothing to restore).
     from simulator.controller import AdaptiveCheckpointer
 
     root = tmp_path / "ckpt"
     ckpt = AdaptiveCheckpointer(root, model=torch.nn.Linear(2, 2))
-    ckpt.save(3)
+    if where != "after":
+        ckpt.save(3)
     ckpt.close()
+    doing = "after restoring from" if where == "after" else "while choosing a checkpoint in"
     args = (free_port(), str(root), str(tmp_path), where)
     mp.start_processes(
         _restore_while_rank_zero_cannot_read, args=args, nprocs=WORLD, start_method="fork"
@@ -531,10 +536,10 @@ def test_a_disk_error_on_rank_zero_while_choosing_reaches_every_rank(tmp_path, w
     assert results[0][1] == "OSError: [Errno 5] Input/output error"
     for _took, result in results[1:]:
         assert result == (
-            f"CheckpointReadError: rank 0 could not choose a checkpoint in {root}: "
-            "[Errno 5] Input/output error"
+            f"CheckpointReadError: rank 0 failed {doing} {root}: "
+            "OSError: [Errno 5] Input/output error"
         )
     assert all(float(took) < 30 for took, _ in results)  # heard at once, not at a timeout
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == [
-        "step-00000003"
-    ]  # nothing was judged or moved aside
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == (
+        [] if where == "after" else ["step-00000003"]
+    )  # nothing was judged or moved aside

@@ -715,14 +715,18 @@ class AdaptiveCheckpointer(TierMixin):
             raise
         finally:
             self.storage.drop_local_copies()  # an object store's downloads
-        self._warn_of_what_retention_keeps()
-        now = self.clock()
-        self._mark_step, self._mark_t = step, now
-        self.runlog.append(
-            "restore", session_s=now - self._session_start, step=step, **self._restore_fields()
-        )
-        due = self._due_after_restore(step, now - self._session_start)
-        self._set_due(int(self.backend.broadcast(due)))
+        due, failed = None, None
+        try:  # rank 0's warning and run log, then the due step everyone takes from it
+            self._warn_of_what_retention_keeps()
+            now = self.clock()
+            self._mark_step, self._mark_t = step, now
+            self.runlog.append(
+                "restore", session_s=now - self._session_start, step=step, **self._restore_fields()
+            )
+            due = self._due_after_restore(step, now - self._session_start)
+        except BaseException as exc:  # the others must not wait in the broadcast for it
+            failed = exc
+        self._set_due(int(self._share(due, failed, f"after restoring from {self.root}")))
         self._after_restore(step)
         return step
 
@@ -861,7 +865,7 @@ class AdaptiveCheckpointer(TierMixin):
         (an ``OSError``) or a ``RuntimeError`` that quotes it, instead of waiting in the
         broadcast for a rank that has left it. A failure of rank 0's own work since the last
         choice (:attr:`_deferred`) is raised here the same way."""
-        choice, error, failed = None, None, None
+        choice, failed = None, None
         self._agree_ring()
         if self.backend.rank == 0:
             try:
@@ -871,20 +875,31 @@ class AdaptiveCheckpointer(TierMixin):
                 choice = self._choose()
             except BaseException as exc:  # an interrupt too: the others must not wait
                 failed = exc
-                kind = next(i for i, t in enumerate(_SHARED_FAILURES) if isinstance(exc, t))
-                if isinstance(exc, IncompatibleCheckpoint | NoIntactCheckpoint):
-                    message = str(exc)  # the same refusal everywhere, word for word
-                else:
-                    message = f"rank 0 could not choose a checkpoint in {self.root}: {exc}"
-                error = (kind, message)
-        choice, tier, error = self.backend.broadcast((choice, self._restore_tier, error))
-        self._restore_tier = tier
+        choice, self._restore_tier = self._share(
+            (choice, self._restore_tier), failed, f"while choosing a checkpoint in {self.root}"
+        )
+        return choice
+
+    def _share(self, payload: Any, failed: BaseException | None, doing: str) -> Any:
+        """Rank 0's ``payload`` on every rank, or its failure (``failed``) raised on every
+        rank: rank 0 raises its own, the others one of its kind (:data:`_SHARED_AS`) that
+        quotes it, a refusal word for word."""
+        error = None
+        if failed is not None:
+            kind = next(i for i, t in enumerate(_SHARED_FAILURES) if isinstance(failed, t))
+            if isinstance(failed, IncompatibleCheckpoint | NoIntactCheckpoint):
+                message = str(failed)
+            else:
+                what = type(failed).__name__ + (f": {failed}" if str(failed) else "")
+                message = f"rank 0 failed {doing}: {what}"
+            error = (kind, message)
+        payload, error = self.backend.broadcast((payload, error))
         if failed is not None:
             raise failed
         if error is not None:
             kind, message = error
             raise _SHARED_AS[kind](message)
-        return choice
+        return payload
 
     def _choose(self) -> str | None:
         if self.local is not None and self.local.usable:
