@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.writer_repeats}{' --warm-memory' if args.warm_memory else ''}` on "
         f"{m['date_utc']} in "
         f"{took / 60:.1f} min; every figure below is from that one run. Profile with raw "
-        f"samples and fits: `reports/{name}.json`.",
+        f"samples and fits: `{name}.json`, beside this report.",
         "",
         "## Machine",
         "",
@@ -251,9 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         f"Shared machine: load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
         "after; expect tens of per cent of run-to-run spread.",
         "- Memory: free page reporting to the host: "
-        + {True: "yes (see the note under Results)", False: "no"}.get(
-            m.get("free_page_reporting"), "unknown (no virtio balloon found)"
-        )
+        + {
+            True: "yes (the timed jobs were warmed up first: Method)"
+            if args.warm_memory
+            else "yes (see the note under Results)",
+            False: "no",
+        }.get(m.get("free_page_reporting"), "unknown (no virtio balloon found)")
         + ".",
         "",
         "## Method",

@@ -739,6 +739,7 @@ def test_the_scale_report_says_how_it_was_measured_warm_memory_included(tmp_path
     text = (tmp_path / "bench-scale-t.md").read_text()
     assert "--writers 1,2 --repeats 2 --writer-repeats 1 --warm-memory` on" in text
     assert "- Memory (`--warm-memory`): right before every clock" in text
+    assert "`bench-scale-t.json`, beside this report" in text
     assert "(--warm-memory): each took memory its host backs" in text  # the run's own note
     samples = json.loads((tmp_path / "bench-scale-t.json").read_text())["samples"]
     single = [s for s in samples if s.get("bench") != "writers"]

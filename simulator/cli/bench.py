@@ -143,7 +143,7 @@ def register(subparsers) -> None:
         "takes memory the host backs, as on a machine that never reclaims it (a GPU node), "
         "instead of whichever job follows a lull paying for it. Untimed, but where the host "
         "took the memory back it costs up to ~6 s per GB of state per job; it touches at "
-        "most the memory free less 256 MB (a local --dir only)",
+        "most the memory available less 256 MB (a local --dir only)",
     )
     p.add_argument("--out", metavar="FILE", help="write the cost profile JSON (.json) here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
