@@ -136,8 +136,10 @@ _SHARED_FAILURES: tuple[type[BaseException], ...] = (
     OSError,
     BaseException,
 )
-"""What a failure of rank 0's while choosing is, first match, as the other ranks raise it
-(:data:`_SHARED_AS`): the same refusal, a user's mistake, a read failure, anything else."""
+"""What a failure of rank 0's alone during a restore (choosing, or logging it before the due
+step) is, first match, as the other ranks raise it (:data:`_SHARED_AS`, by
+``AdaptiveCheckpointer._share``): the same refusal, a user's mistake, a read failure,
+anything else."""
 _SHARED_AS: tuple[type[BaseException], ...] = (
     NoIntactCheckpoint,
     IncompatibleCheckpoint,
@@ -861,10 +863,10 @@ class AdaptiveCheckpointer(TierMixin):
         """Rank 0 chooses; every rank gets the choice and its tier, or raises the same
         refusal. (With a ring of local tiers the ranks first agree on what it holds.) Any
         other failure of rank 0's (a disk error while listing or reading, say) reaches every
-        rank too: rank 0 raises its own, the others a :class:`ckptio.CheckpointReadError`
-        (an ``OSError``) or a ``RuntimeError`` that quotes it, instead of waiting in the
-        broadcast for a rank that has left it. A failure of rank 0's own work since the last
-        choice (:attr:`_deferred`) is raised here the same way."""
+        rank too (:meth:`_share`: rank 0 raises its own, the others one of its kind that
+        quotes it), instead of waiting in the broadcast for a rank that has left it. A
+        failure of rank 0's own work since the last choice (:attr:`_deferred`) is raised here
+        the same way."""
         choice, failed = None, None
         self._agree_ring()
         if self.backend.rank == 0:
