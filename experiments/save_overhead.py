@@ -45,6 +45,7 @@ if str(REPO) not in sys.path:
 from experiments._report import printed_report, report_option  # noqa: E402
 from simulator import ckptio  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
+from simulator.bench.runner import WARM_FACTOR  # noqa: E402
 from simulator.bench.state import build_state, flatten, parse_size  # noqa: E402
 from simulator.ckptio.write import _checked_tensors, _spec  # noqa: E402
 from simulator.engines.results import MIN_REPEATS, median_ci  # noqa: E402
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     def timed(fn, where: Path) -> float:  # a job writing ``where / <new name>``
         target = where / f"j{next(count)}"
         if args.warm_memory:
-            fmt_io.warm_memory(2 * nbytes)
+            fmt_io.warm_memory(int(WARM_FACTOR * nbytes))
         start = time.perf_counter()
         fn(target)
         took = time.perf_counter() - start

@@ -438,9 +438,9 @@ def test_a_pause_and_a_warm_up_are_not_taken_together(tmp_path):
         BenchConfig(directory=tmp_path, pause_s=1.0, warm_memory=True)
 
 
-def test_the_warm_up_maps_every_page_it_is_given_and_keeps_none(monkeypatch):
+def test_the_warm_up_maps_every_page_it_is_given(monkeypatch):
     # warm_memory must write into each page (a fresh buffer never written maps no page, and
-    # zeros would not do either: the kernel may map one shared zero page), then let it all go.
+    # zeros would not do either: the kernel may map one shared zero page).
     import mmap
 
     import numpy as np
