@@ -168,8 +168,27 @@ def test_a_point_without_an_interval_says_why_in_both_views():
     assert interval_texts(failed) == ("— (a failed repeat)",) * 2
     p = ratio_intervals([0.9, 1.0, 0.95, 0.92, 0.97, 0.99, 0.93], rate=True)
     median_text, expected_text = interval_texts(p, ".3f")
-    assert median_text == f"{p['low']:.3f} to {p['high']:.3f}"
-    assert expected_text == f"{p['expected_low']:.3f} to {p['expected_high']:.3f}"
+    low, high = (float(x) for x in median_text.split(" to "))
+    assert low <= p["low"] < low + 0.001 and high - 0.001 < p["high"] <= high
+    low, high = (float(x) for x in expected_text.split(" to "))
+    assert low <= p["expected_low"] and p["expected_high"] <= high
+
+
+def test_a_printed_interval_holds_the_computed_one_so_a_missed_goal_never_reads_met():
+    """A low end of 0.8997 printed at two decimals is 0.89: rounded to nearest it read 0.90,
+    a goal of 90 % apparently met while the verdict (unrounded) said not met."""
+    from simulator.cli.bench import _interval
+    from simulator.engines.results import interval_texts, outward
+
+    assert outward(0.8997, 1.0301) == ("0.89", "1.04")
+    assert outward(0.29, 0.3, ".3f") == ("0.290", "0.300")  # exact decimals stay as they are
+    assert outward(-0.0011, 2.0) == ("-0.01", "2.00")
+    assert outward(0.5, math.inf) == ("0.50", "inf")
+    point = {"low": 0.8997, "high": 1.03, "expected_low": 0.88995, "expected_high": 1.0}
+    point |= {"median": 0.98, "expected": 0.95, "n": 40, "values": [0.98] * 40}
+    assert interval_texts(point) == ("0.89 to 1.03", "0.88 to 1.00")
+    assert _interval(0.8997, 1.0301) == " [0.89, 1.04]"
+    assert _interval(math.nan, math.nan) == ""
 
 
 def test_the_bench_help_states_the_repeats_a_goal_interval_needs(capsys):

@@ -208,8 +208,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _interval(low: float, high: float) -> str:
-    """`` [low, high]``, or nothing where there is no interval (too few repeats: NaN)."""
-    return "" if low != low or high != high else f" [{low:.2f}, {high:.2f}]"
+    """`` [low, high]`` rounded outward (:func:`~simulator.engines.results.outward`), or
+    nothing where there is no interval (too few repeats: NaN)."""
+    from simulator.engines.results import outward
+
+    return "" if low != low or high != high else " [{}, {}]".format(*outward(low, high))
 
 
 def format_table(result) -> str:

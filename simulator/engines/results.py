@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -180,9 +181,25 @@ def interval_texts(point: dict[str, Any], spec: str = ".2f") -> tuple[str, str]:
     if why is not None:
         return (f"— ({why})",) * 2
     return (
-        f"{point['low']:{spec}} to {point['high']:{spec}}",
-        f"{point['expected_low']:{spec}} to {point['expected_high']:{spec}}",
+        "{} to {}".format(*outward(point["low"], point["high"], spec)),
+        "{} to {}".format(*outward(point["expected_low"], point["expected_high"], spec)),
     )
+
+
+def outward(low: float, high: float, spec: str = ".2f") -> tuple[str, str]:
+    """An interval's bounds as text in fixed-point format ``spec`` (``".2f"``), rounded
+    outward: the low end down, the high end up, so the printed interval holds the computed
+    one and a bound that misses a goal never reads as meeting it (a low end of 0.8997 against
+    a goal of 0.90 prints 0.89, not 0.90). Infinite bounds print as Python formats them."""
+    digits = int(spec.strip(".f"))
+    step = Decimal(1).scaleb(-digits)
+
+    def text(value: float, rounding: str) -> str:
+        if not math.isfinite(value):
+            return f"{value:{spec}}"
+        return f"{Decimal(repr(value)).quantize(step, rounding=rounding):f}"
+
+    return text(low, ROUND_FLOOR), text(high, ROUND_CEILING)
 
 
 def ratio_verdict(points, *, at_least: float | None = None, at_most: float | None = None) -> str:
