@@ -531,6 +531,124 @@ def test_a_hung_partner_is_named_in_the_log_before_the_job_waits_on_it(tmp_path)
     assert "hung or dead" in said
 
 
+def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> None:
+    """Restore the killed run with a failure on one rank alone (``where``); write the time
+    taken and what the restore raised (or returned) to ``out/rank<r>.txt``."""
+    import errno
+    import time
+    from datetime import timedelta
+
+    from simulator.controller import tiered
+    from simulator.controller.distributed import DistributedBackend
+    from simulator.controller.integrity import CorruptCheckpoint
+    from simulator.controller.local_ring import Ring
+
+    def eio(*_args, **_kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    def raises(exc):
+        def fail(*_args, **_kwargs):
+            raise exc
+
+        return fail
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    # A rank left waiting in a collective would raise at this timeout, not at once.
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    torch.set_num_threads(1)
+    if where == "listing" and rank == 1:  # its disk fails as it lists its local tier
+        Ring._listing = eio
+    if where == "moving aside" and rank == 1:  # its snapshot fails to load, then to move
+        DistributedBackend.read_own = raises(CorruptCheckpoint("a shard does not load"))
+        tiered.reject = eio
+    if where == "warning":  # rank 1 cannot load its snapshot; rank 0 makes that warning fatal
+        if rank == 1:
+            DistributedBackend.read_own = raises(RuntimeError("a shard does not load"))
+        warnings.filterwarnings("error", message="local tier: .* cannot be restored")
+    if where == "branch" and rank == 0:  # rank 0 alone records the session's new branch
+        tiered.next_generation = raises(ValueError("a bad run record"))
+    if where == "fallback" and rank == 0:  # ... and warns of the fall-back to the persistent tier
+        warnings.filterwarnings("error", message="the local tier")
+    started = time.monotonic()
+    try:
+        model = _wrap(_model(), "ddp")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        result = f"restored {_ring_checkpointer(base, model, opt, [0.0]).restore()}"
+    except BaseException as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - started
+    (Path(out) / f"rank{rank}.txt").write_text(f"{took:.1f} {result}")
+    # Stay alive (as a rank whose exception a handler keeps) until the other rank has said
+    # what it raised, for at most 40 s: a rank left waiting hears no "connection closed".
+    while time.monotonic() < started + took + 40 and not all(
+        (Path(out) / f"rank{r}.txt").exists() for r in range(2)
+    ):
+        time.sleep(0.1)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("where", "failing", "own", "others"),
+    [
+        (
+            "listing",
+            1,
+            "OSError: [Errno 5] Input/output error",
+            "CheckpointReadError: rank 1 failed listing its local tier: OSError: [Errno 5] "
+            "Input/output error",
+        ),
+        (
+            "moving aside",
+            1,
+            "OSError: [Errno 5] Input/output error",
+            "CheckpointReadError: rank 1 failed loading its local snapshot {name}: OSError: "
+            "[Errno 5] Input/output error",
+        ),
+        (
+            "warning",
+            0,
+            "UserWarning: local tier: {name} cannot be restored",
+            "RuntimeError: rank 0 failed while choosing a checkpoint in {root}: UserWarning: "
+            "local tier: {name} cannot be restored",
+        ),
+        (
+            "fallback",
+            0,
+            "UserWarning: the local tier",
+            "RuntimeError: rank 0 failed after restoring from {root}: UserWarning: the local tier",
+        ),
+        (
+            "branch",
+            0,
+            "ValueError: a bad run record",
+            "RuntimeError: rank 0 failed recording the run's branch in {root}: ValueError: a bad "
+            "run record",
+        ),
+    ],
+)
+def test_a_failure_on_one_rank_during_a_ring_restore_reaches_every_rank_at_once(
+    killed, tmp_path, where, failing, own, others
+):
+    # Each of these left the failing rank with its exception and the other waiting in the
+    # next collective (an all-gather of the ring, a broadcast of rank 0's) until gloo's
+    # timeout: 30 minutes by default.
+    run = _copy(killed, tmp_path)
+    _, local, _ = killed
+    if where in ("branch", "fallback"):  # the local tiers lost: the persistent tier, a new branch
+        shutil.rmtree(run / "host0")
+        shutil.rmtree(run / "host1")
+    args = (free_port(), str(run), str(tmp_path), where)
+    mp.start_processes(_restore_failing, args=args, nprocs=2, start_method="fork")
+    said = {
+        r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(2)
+    }  # rank -> (seconds, what it raised)
+    fill = {"name": f"step-{local:08d}", "root": run / "ckpt"}
+    assert said[failing][1].startswith(own.format(**fill))
+    assert said[1 - failing][1].startswith(others.format(**fill))
+    assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout
+
+
 def test_a_backend_that_cannot_write_a_ranks_own_snapshot_is_refused_in_one_line(tmp_path):
     from simulator.controller import AdaptiveCheckpointer
     from simulator.controller.backend import LocalBackend

@@ -89,6 +89,7 @@ from simulator.controller.precision import (
 )
 from simulator.controller.runlog import RunLog, failures_by_class
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
+from simulator.controller.shared_failure import describe, raise_described
 from simulator.controller.state import (
     capture_state,
     check_state,
@@ -127,26 +128,6 @@ _PREEMPTION_CHECK_S = 5.0
 # On several ranks the signal is acted on at a check point, a step every rank computes the
 # same (from values rank 0 broadcast): about this much training time apart.
 _NEVER = sys.maxsize
-
-
-_SHARED_FAILURES: tuple[type[BaseException], ...] = (
-    NoIntactCheckpoint,
-    IncompatibleCheckpoint,
-    InputError,
-    OSError,
-    BaseException,
-)
-"""What a failure of rank 0's alone during a restore (choosing, or logging it before the due
-step) is, first match, as the other ranks raise it (:data:`_SHARED_AS`, by
-``AdaptiveCheckpointer._share``): the same refusal, a user's mistake, a read failure,
-anything else."""
-_SHARED_AS: tuple[type[BaseException], ...] = (
-    NoIntactCheckpoint,
-    IncompatibleCheckpoint,
-    InputError,
-    ckptio.CheckpointReadError,
-    RuntimeError,
-)
 
 
 class AdaptiveCheckpointer(TierMixin):
@@ -718,7 +699,8 @@ class AdaptiveCheckpointer(TierMixin):
         finally:
             self.storage.drop_local_copies()  # an object store's downloads
         due, failed = None, None
-        try:  # rank 0's warning and run log, then the due step everyone takes from it
+        try:  # rank 0's warnings and run log, then the due step everyone takes from it
+            self._restored(step)
             self._warn_of_what_retention_keeps()
             now = self.clock()
             self._mark_step, self._mark_t = step, now
@@ -794,9 +776,7 @@ class AdaptiveCheckpointer(TierMixin):
             self.schedule.seed(Estimates(**state.get("controller", {})))
             self._seed_tier(state)
             self.resumed_from = self.last_saved_step = step
-            self._restored(step)
             return step
-        self._restored(0)
         return 0
 
     def _warn_of_what_retention_keeps(self) -> None:
@@ -884,23 +864,14 @@ class AdaptiveCheckpointer(TierMixin):
 
     def _share(self, payload: Any, failed: BaseException | None, doing: str) -> Any:
         """Rank 0's ``payload`` on every rank, or its failure (``failed``) raised on every
-        rank: rank 0 raises its own, the others one of its kind (:data:`_SHARED_AS`) that
-        quotes it, a refusal word for word."""
-        error = None
-        if failed is not None:
-            kind = next(i for i, t in enumerate(_SHARED_FAILURES) if isinstance(failed, t))
-            if isinstance(failed, IncompatibleCheckpoint | NoIntactCheckpoint):
-                message = str(failed)
-            else:
-                what = type(failed).__name__ + (f": {failed}" if str(failed) else "")
-                message = f"rank 0 failed {doing}: {what}"
-            error = (kind, message)
+        rank: rank 0 raises its own, the others one of its kind that quotes it, a refusal word
+        for word (:mod:`~simulator.controller.shared_failure`)."""
+        error = None if failed is None else describe(failed, doing, 0)
         payload, error = self.backend.broadcast((payload, error))
         if failed is not None:
             raise failed
         if error is not None:
-            kind, message = error
-            raise _SHARED_AS[kind](message)
+            raise_described(error)
         return payload
 
     def _choose(self) -> str | None:

@@ -75,6 +75,7 @@ from simulator.controller.integrity import (
 from simulator.controller.local_tier import RANK_FIELD, superseded
 from simulator.controller.runlog import open_regular
 from simulator.controller.safe_metadata import load_metadata
+from simulator.controller.shared_failure import describe, raise_described
 from simulator.controller.storage import (
     LocalStorage,
     apply_retention,
@@ -232,6 +233,26 @@ class Ring:
         out: list = [None] * self.world
         dist.all_gather_object(out, obj, group=self.group)
         return out
+
+    def gather_work(self, work: Callable[[], Any], doing: str) -> list:
+        """Collective: ``work()`` on every rank, then every rank's result in rank order. When
+        the work raised on some rank, that rank raises its own exception after the gather and
+        every other rank one of its kind that quotes it
+        (:mod:`~simulator.controller.shared_failure`), ``doing`` naming the work: no rank
+        leaves the others waiting in the collective."""
+        value, failed = None, None
+        try:
+            value = work()
+        except BaseException as exc:  # an interrupt too: the others must not wait
+            failed = exc
+        error = None if failed is None else describe(failed, doing, self.rank)
+        gathered = self.gather((value, error))
+        if failed is not None:
+            raise failed
+        for _, error in gathered:
+            if error is not None:
+                raise_described(error)
+        return [value for value, _ in gathered]
 
     def _exchange(
         self,
@@ -411,19 +432,24 @@ class Ring:
         :meth:`fetch`. Every rank gets the notes of every rank (what was refused, what was
         lost)."""
         self.from_partners = []
-        refused: list[str] = []
-        notes: list[str] = []
-        holdings = []
-        for path, owner in self._scanned():
-            try:
-                steps = self._intact(LocalStorage(path), owner, refused, notes)
-            except Exception as exc:  # an unreadable disk: nothing of it counts, no rank waits
-                notes.append(f"rank {self.rank} cannot read {path} ({exc})")
-                continue
-            if steps:
-                own = path == self.tier.dir
-                holdings.append({"owner": owner, "path": str(path), "own": own, "steps": steps})
-        everyone = self.gather({"holds": holdings, "refused": refused, "notes": notes})
+        scanned = self._scanned()
+
+        def inventory() -> dict:
+            refused: list[str] = []
+            notes: list[str] = []
+            holdings = []
+            for path, owner in scanned:
+                try:
+                    steps = self._intact(LocalStorage(path), owner, refused, notes)
+                except Exception as exc:  # an unreadable disk: nothing of it counts
+                    notes.append(f"rank {self.rank} cannot read {path} ({exc})")
+                    continue
+                if steps:
+                    own = path == self.tier.dir
+                    holdings.append({"owner": owner, "path": str(path), "own": own, "steps": steps})
+            return {"holds": holdings, "refused": refused, "notes": notes}
+
+        everyone = self.gather_work(inventory, "reading its local tier")
         self.refused = [line for inv in everyone for line in inv["refused"]]
         self.notes = [line for inv in everyone for line in inv["notes"]]
         found: dict[int, dict[int, list]] = {}  # step -> owner -> [(holder, path, own, files)]
@@ -518,8 +544,8 @@ class Ring:
         by exactly one rank: its own or held directory by the rank using it, any other by the
         lowest rank on the host that sees it. Those others (left by a job whose ranks sat
         elsewhere) are the strays, removed after this session's first complete snapshot."""
-        listing, blind = self._listing()
-        gathered = self.gather((listing, blind))
+        gathered = self.gather_work(self._listing, "listing its local tier")
+        listing = gathered[self.rank][0]
         everyone = [entries for entries, _ in gathered]
         scanner: dict[tuple, int] = {}
         for r, entries in enumerate(everyone):
@@ -610,7 +636,7 @@ class Ring:
 
     def _refused(self, what: str, line: str) -> str:
         line = f"rank {self.rank}'s {what}: {line}; treated as missing"
-        warnings.warn(f"local tier: {line}", stacklevel=5)
+        warnings.warn(f"local tier: {line}", stacklevel=7)  # at _choose_everywhere
         return line
 
     def _vet(self, path: Path, owner: int, step: int) -> tuple[str, str] | None:

@@ -158,6 +158,11 @@ def open_local_tier(ckpt) -> LocalTier:
     return tier
 
 
+def _disabled(why: str) -> str:
+    """Why the local tier is off for a session whose new branch could not be recorded."""
+    return f"the run's new branch cannot be recorded ({why})"
+
+
 class TierMixin:
     """The tier questions of the checkpointer (``self.local`` is None without a local tier)."""
 
@@ -414,21 +419,25 @@ class TierMixin:
         if not self.local.usable or self.restored_tier == LOCAL:
             return
         new, why = None, "the checkpoint directory is read-only" if self.read_only else None
-        if self.backend.rank == 0 and not self.read_only:
-            new, why = next_generation(
-                self.storage, self.root, self._run_record, remote=self._remote
-            )
-        if self.backend.world_size > 1:
-            new, why = self.backend.broadcast((new, why))
-        if why is not None:
-            self.local.disabled = f"the run's new branch cannot be recorded ({why})"
-            self.schedule.local_enabled = False
+        failed = None
+        try:  # rank 0 alone: its failure, its warning's included, reaches every rank
             if self.backend.rank == 0:
-                warnings.warn(
-                    f"local tier disabled for this session: {self.local.disabled}; "
-                    "checkpoints go to the persistent tier only",
-                    stacklevel=4,
-                )
+                if not self.read_only:
+                    new, why = next_generation(
+                        self.storage, self.root, self._run_record, remote=self._remote
+                    )
+                if why is not None:
+                    warnings.warn(
+                        f"local tier disabled for this session: {_disabled(why)}; "
+                        "checkpoints go to the persistent tier only",
+                        stacklevel=4,
+                    )
+        except BaseException as exc:
+            failed = exc
+        new, why = self._share((new, why), failed, f"recording the run's branch in {self.root}")
+        if why is not None:
+            self.local.disabled = _disabled(why)
+            self.schedule.local_enabled = False
             return
         self._run_record = new
         self.local.generation, self.local.branch = new.generation, new.branch
@@ -490,7 +499,7 @@ class TierMixin:
                 why = "held no intact checkpoint"
             warnings.warn(
                 f"the local tier {where} {why}: restored step {step} from the persistent tier",
-                stacklevel=4,
+                stacklevel=3,
             )
         elif step > 0:
             logger.info("restored step %d from the persistent tier (%s)", step, self.root)
@@ -498,7 +507,7 @@ class TierMixin:
             warnings.warn(
                 f"the local tier {where} held nothing of this run and the persistent tier has "
                 "no checkpoint yet: starting from step 0",
-                stacklevel=4,
+                stacklevel=3,
             )
 
     def _restore_fields(self) -> dict:
@@ -519,26 +528,33 @@ class TierMixin:
         """Collective: every rank's state of the agreed local step, its missing snapshots taken
         from partners first; None (the step excluded) when any rank cannot load it."""
         ring, rank = self._ring, self.backend.rank
-        error = ring.fetch()
-        state, moved_aside = None, False
-        if error is None:
+        fetched = ring.fetch()
+        loaded: list[dict] = []
+
+        def load() -> tuple[str | None, bool]:  # (why this rank cannot, moved aside)
+            if fetched is not None:
+                return fetched, False
             try:
                 path = self.local.storage.local_copy(name)
                 state = check_state(self.backend.read_own(path, template), where=name)
                 foreign = self._foreign(state)
                 error = misnamed(name, state.get("step")) or (foreign and foreign[1])
+                loaded.append(state)
+                return error, False
             except (CorruptCheckpoint, UnsafeCheckpoint) as exc:
-                error = f"rank {rank}'s {name}: {exc}"
                 why = "unsafe" if isinstance(exc, UnsafeCheckpoint) else "corrupt"
                 line = reject(self.local.storage, name, why, str(exc))
-                moved_aside = not self.local.storage.exists(name)
-                warnings.warn(f"local tier: {line}", stacklevel=4)
-            except Exception as exc:  # said by every rank below; no rank may skip the gather
-                error = f"rank {rank}'s {name}: {type(exc).__name__}: {exc}"
-        results = ring.gather((error, moved_aside))
+                warnings.warn(f"local tier: {line}", stacklevel=6)
+                return f"rank {rank}'s {name}: {exc}", not self.local.storage.exists(name)
+            except Exception as exc:  # said by every rank below
+                return f"rank {rank}'s {name}: {type(exc).__name__}: {exc}", False
+
+        # A failure that is no verdict on the snapshot (moving it aside, a warning turned into
+        # an error, an interrupt) is raised on every rank, after the gather: none waits in it.
+        results = ring.gather_work(load, f"loading its local snapshot {name}")
         errors = [e for e, _ in results if e is not None]
         if not errors:
-            return state
+            return loaded[0]
         step = checkpoint_step(name)
         # A snapshot that passed every check yet does not load was moved aside on its rank: the
         # next agreement takes that rank's partner copy of the same step, once. Anything else
@@ -553,7 +569,10 @@ class TierMixin:
             then = "trying the partners' copies of it" if again else "trying an older one"
             self._local_rejected[name] = line
             logger.warning("local tier: %s; %s", line, then)
-            warnings.warn(f"local tier: {line}; {then}", stacklevel=4)
+            try:  # raised by the next choice, on every rank (the checkpointer's _deferred)
+                warnings.warn(f"local tier: {line}; {then}", stacklevel=4)
+            except BaseException as exc:
+                self._deferred = exc
         return None
 
     def _ring_restored(self, step: int) -> bool:
@@ -576,7 +595,7 @@ class TierMixin:
                 f"the local tiers hold no snapshot of a step newer than the persistent one that "
                 f"every rank can load ({'; '.join(why)}): restored step {step} from the "
                 "persistent tier",
-                stacklevel=5,
+                stacklevel=4,
             )
             return True
         return False
@@ -591,9 +610,12 @@ class TierMixin:
         self._settle_generation()
         if self.local is not None and self.restored_tier == LOCAL:
             self._local_saved = step
-            self._saved_step = self._newest_persistent()
-            if self.backend.world_size > 1:  # rank 0's view (it moved rejected ones aside)
-                self._saved_step = self.backend.broadcast(self._saved_step)
+            newest, failed = None, None
+            try:  # rank 0's view (it moved rejected ones aside)
+                newest = self._newest_persistent() if self.backend.rank == 0 else None
+            except BaseException as exc:
+                failed = exc
+            self._saved_step = self._share(newest, failed, f"listing {self.root}")
             self.last_saved_step = self._saved_step
 
     def _final_step(self) -> int | None:

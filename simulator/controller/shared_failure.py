@@ -1,0 +1,48 @@
+"""A failure of some ranks' own work before a collective, raised on every rank.
+
+Under torch.distributed a rank that leaves with an exception between two collectives leaves
+the others waiting in the next one until the process group's timeout (30 minutes by default
+with gloo), or until its process exits. So wherever some ranks work alone before a collective
+(rank 0 choosing a checkpoint, each rank loading its local snapshot), the failure travels in
+the collective instead: the failing rank raises its own exception, and every other rank one of
+its kind (:data:`KINDS`) that quotes it. One description (:func:`describe`) and one way of
+raising it (:func:`raise_described`) for the broadcasts from rank 0 (the checkpointer's
+``_share``) and the all-gathers of the ranks' own work (:meth:`Ring.gather_work
+<simulator.controller.local_ring.Ring.gather_work>`).
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from simulator import ckptio
+from simulator.controller.integrity import IncompatibleCheckpoint, NoIntactCheckpoint
+from simulator.errors import InputError
+
+KINDS: tuple[tuple[type[BaseException], type[BaseException]], ...] = (
+    (NoIntactCheckpoint, NoIntactCheckpoint),
+    (IncompatibleCheckpoint, IncompatibleCheckpoint),
+    (InputError, InputError),
+    (OSError, ckptio.CheckpointReadError),
+    (BaseException, RuntimeError),
+)
+"""What a failure is (first match), and what the other ranks raise for it: the same refusal, a
+user's mistake, a read failure, anything else (an interrupt, a warning turned into an error)."""
+
+Described = tuple[int, str]
+"""A failure as it travels in a collective: its index in :data:`KINDS` and the message."""
+
+
+def describe(failed: BaseException, doing: str, rank: int) -> Described:
+    """``failed`` as the other ranks will raise it: a refusal word for word; anything else
+    as ``rank <r> failed <doing>: <Type>: <message>``."""
+    kind = next(i for i, (seen, _) in enumerate(KINDS) if isinstance(failed, seen))
+    if isinstance(failed, IncompatibleCheckpoint | NoIntactCheckpoint):
+        return kind, str(failed)
+    what = type(failed).__name__ + (f": {failed}" if str(failed) else "")
+    return kind, f"rank {rank} failed {doing}: {what}"
+
+
+def raise_described(error: Described) -> NoReturn:
+    kind, message = error
+    raise KINDS[kind][1](message)
