@@ -82,6 +82,20 @@ def test_tensor_file_is_standard_safetensors(tmp_path):
     assert all(_bits_equal(loaded[k], v) for k, v in state.items())
 
 
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_every_file_of_a_checkpoint_has_the_mode_the_umask_gives(tmp_path, umask, mode):
+    # safetensors 0.8 writes its file as a temporary of mode 0600 and renames it: the tensors
+    # were the one file of a checkpoint that the owner's group could not read.
+    old = os.umask(umask)
+    try:
+        write_checkpoint(tmp_path / "ck", _state(), META)
+    finally:
+        os.umask(old)
+    got = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "ck").iterdir()}
+    assert ckptio.TENSOR_FILE in got and len(got) == 3
+    assert got == dict.fromkeys(got, mode)
+
+
 def test_every_dtype_it_accepts_round_trips_through_the_safetensors_library_exactly(tmp_path):
     # Every dtype ckptio accepts, empty tensors, non-ASCII names, each tensor's data aligned to
     # its dtype size; and the manifest's CRC (computed from memory) is the file's.

@@ -202,6 +202,10 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
         found = re.search(r"os error (\d+)", str(exc))
         code = int(found.group(1)) if found else errno.EIO
         raise OSError(code, os.strerror(code) if found else str(exc)) from exc
+    # The library writes a temporary file of mode 0600 and renames it (safetensors 0.8): the
+    # tensors would be the one file of a checkpoint that the owner's group, an evaluation job
+    # under another account, cannot read. It gets the mode of the checkpoint's other files.
+    os.chmod(file, FILE_MODE & ~_umask())
     # The header (small) from the file; the tensors' bytes from memory, in the header's order.
     size = file.stat().st_size
     with open(file, "rb") as f:
@@ -236,8 +240,27 @@ def _spec(t: torch.Tensor) -> TensorSpec:
     )
 
 
+FILE_MODE = 0o644
+"""The mode of a checkpoint's files, less the process's umask, as ``open`` creates them."""
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status``, Linux 4.7 and
+    later); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write_bytes(file: Path, data: bytes, *, fsync: bool) -> dict:
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
         view = memoryview(data)
         while view:
