@@ -18,7 +18,7 @@ import pandas as pd
 from experiments._report import Report, figure, table
 from simulator import analytic, optimize, plots
 from simulator.engines import fast
-from simulator.engines.results import goal_verdict
+from simulator.engines.results import goal_verdict, outward
 from simulator.model.scenario import Scenario
 from simulator.policies import FixedInterval
 
@@ -109,7 +109,7 @@ distance from Daly's T_w in standard errors.
 {table(df)}
 
 **Goal — simulated optimum within 2% of the exact one: largest error {worst:.2f}%, every
-case's 95% interval within {widest:.2f}% ({verdict}: met only when every case's whole
+case's 95% interval within {outward(0.0, widest)[1]}% ({verdict}: met only when every case's whole
 interval is within 2%).** Simulated mean wall time within its 95% interval of
 Daly's T_w in {inside} of {len(rows)} cases; |z| at most {zmax:.2f} (with {len(rows)} cases, one
 or more falls outside its 95 % interval by chance alone in {1 - 0.95 ** len(rows):.0%} of runs).

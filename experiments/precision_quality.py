@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from experiments._report import Report, figure, table
-from simulator.engines.results import goal_verdict, mean_ci
+from simulator.engines.results import goal_verdict, mean_ci, outward
 
 SAVES = {
     "fp32": {},
@@ -413,7 +413,11 @@ def _pct(ci) -> str:
     """Mean and interval in percent, all three in one notation (the smallest needs decides)."""
     m, lo, hi = ci
     scientific = any(0 < abs(v) < 1e-4 for v in ci)
-    return f"{_num(m, scientific)} % (95 % CI {_num(lo, scientific)} to {_num(hi, scientific)})"
+    if scientific:
+        low, high = _num(lo, True), _num(hi, True)
+    else:  # rounded outward: a bound past the goal never prints inside it
+        low, high = (t if t.startswith("-") else "+" + t for t in outward(100 * lo, 100 * hi))
+    return f"{_num(m, scientific)} % (95 % CI {low} to {high})"
 
 
 def _label(kind: str, s: dict) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.engines.results import goal_verdict, mean_ci
+from simulator.engines.results import goal_verdict, mean_ci, outward
 
 __all__ = ["summarise", "write_report"]
 
@@ -66,7 +66,8 @@ def _ci(x: pd.Series | np.ndarray) -> str:
     mean, lo, hi = mean_ci(np.asarray(x, float) * 100)
     if np.isnan(lo):
         return f"{mean:+.1f} %"
-    return f"{mean:+.1f} % (95 % CI {lo:+.1f} to {hi:+.1f})"
+    low, high = (t if t.startswith("-") else "+" + t for t in outward(lo, hi, ".1f"))
+    return f"{mean:+.1f} % (95 % CI {low} to {high})"  # the bounds rounded outward
 
 
 def plot(study: dict, s: dict, figdir: Path, stem: str = "closed-loop") -> list[Path]:

@@ -195,7 +195,8 @@ def outward(low: float, high: float, spec: str = ".2f") -> tuple[str, str]:
     step = Decimal(1).scaleb(-digits)
 
     def text(value: float, rounding: str) -> str:
-        if not math.isfinite(value):
+        value = float(value)  # a numpy float's repr is "np.float64(...)"
+        if not math.isfinite(value) or abs(value) >= 2.0**53:  # an integer already: exact
             return f"{value:{spec}}"
         return f"{Decimal(repr(value)).quantize(step, rounding=rounding):f}"
 
