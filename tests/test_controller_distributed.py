@@ -527,7 +527,11 @@ def test_a_disk_error_on_rank_zero_while_choosing_reaches_every_rank(tmp_path, w
     if where != "after":
         ckpt.save(3)
     ckpt.close()
-    doing = "after restoring from" if where == "after" else "while choosing a checkpoint in"
+    doing = {
+        "choosing": "while choosing a checkpoint in",
+        "listing": "listing what earlier launches moved aside in",
+        "after": "after restoring from",
+    }[where]
     args = (free_port(), str(root), str(tmp_path), where)
     mp.start_processes(
         _restore_while_rank_zero_cannot_read, args=args, nprocs=WORLD, start_method="fork"
@@ -543,3 +547,108 @@ def test_a_disk_error_on_rank_zero_while_choosing_reaches_every_rank(tmp_path, w
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == (
         [] if where == "after" else ["step-00000003"]
     )  # nothing was judged or moved aside
+
+
+class _Position:
+    """A per-rank object the checkpointer saves (``extra=``), as a data position is."""
+
+    def __init__(self):
+        self.at = 1
+
+    def state_dict(self):
+        return {"at": self.at}
+
+    def load_state_dict(self, state):
+        self.at = state["at"]
+
+
+def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, where: str) -> None:
+    """Session 1 saves step 1 on two ranks; session 2 restores it while ``where`` fails on rank
+    1 alone. Each rank writes the seconds it took and what it raised to ``out/rank<r>.txt``,
+    then stays alive up to 40 s for the other to do so (a rank left waiting in a collective
+    hears no "connection closed" meanwhile)."""
+    import errno
+
+    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller import distributed as backend_module
+    from simulator.controller.distributed import DistributedBackend
+
+    _init(rank, port)
+    position = _Position()
+
+    def checkpointer() -> AdaptiveCheckpointer:
+        config = {"shard": rank} if where == "config" else None  # a value per rank, by mistake
+        return AdaptiveCheckpointer(
+            root,
+            model=torch.nn.Linear(2, 2),
+            backend=DistributedBackend(),
+            extra={"position": position},
+            config=config,
+        )
+
+    first = checkpointer()
+    first.restore()
+    first.save(1)
+    first.close(finished=False)
+    if rank == 1 and where == "metadata":  # its read of the shared .metadata fails
+
+        def eio(*_args):
+            raise OSError(errno.EIO, "Input/output error")
+
+        backend_module.load_metadata = eio
+    if rank == 1 and where == "position":  # its data position does not load
+
+        def refuse(_state):
+            raise ValueError("the data position does not fit")
+
+        position.load_state_dict = refuse
+    started = time.monotonic()
+    try:
+        result = f"restored {checkpointer().restore()}"
+    except BaseException as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - started
+    (Path(out) / f"rank{rank}.txt").write_text(f"{took:.1f} {result}")
+    while time.monotonic() < started + took + 40 and not all(
+        (Path(out) / f"rank{r}.txt").exists() for r in range(WORLD)
+    ):
+        time.sleep(0.1)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("where", "own", "others"),
+    [
+        (
+            "metadata",
+            "OSError: [Errno 5] Input/output error",
+            "CheckpointReadError: rank 1 failed reading step-00000001: OSError: [Errno 5] "
+            "Input/output error",
+        ),
+        (
+            "position",
+            "IncompatibleCheckpoint: checkpoint {root}/step-00000001 does not fit this run",
+            "IncompatibleCheckpoint: checkpoint {root}/step-00000001 does not fit this run",
+        ),
+        pytest.param(
+            "config",
+            "IncompatibleCheckpoint: refusing to resume",
+            "IncompatibleCheckpoint: refusing to resume",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_a_failure_on_one_rank_alone_during_a_restore_reaches_every_rank_at_once(
+    tmp_path, where, own, others
+):
+    # Rank 1 alone failed before DCP's collective load (the other rank waited in it and then
+    # called the checkpoint corrupt) or while loading its own objects or checking its
+    # configuration after it (the other rank waited in the next broadcast): both until the
+    # process group's timeout, 30 minutes by default.
+    root = tmp_path / "ckpt"
+    args = (free_port(), str(root), str(tmp_path), where)
+    mp.start_processes(_restore_while_one_rank_fails, args=args, nprocs=WORLD, start_method="fork")
+    said = {r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(WORLD)}
+    assert said[1][1].startswith(own.format(root=root))
+    assert said[0][1].startswith(others.format(root=root))
+    assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout

@@ -609,7 +609,7 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
             "warning",
             0,
             "UserWarning: local tier: {name} cannot be restored",
-            "RuntimeError: rank 0 failed while choosing a checkpoint in {root}: UserWarning: "
+            "RuntimeError: rank 0 failed warning that {name} cannot be restored: UserWarning: "
             "local tier: {name} cannot be restored",
         ),
         (

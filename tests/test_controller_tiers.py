@@ -634,3 +634,28 @@ def test_an_object_store_persistent_tier_with_a_local_tier_in_memory(local_root)
     assert step == 145 and ck.stats["restored_tier"] == "persistent"
     assert any("held nothing of this run" in m for m in said)
     ck.close()
+
+
+def test_a_branch_that_cannot_be_recorded_turns_the_local_tier_off_even_if_its_warning_raises(
+    tmp_path, monkeypatch
+):
+    # The warning ran before the tier was turned off (ca694b5): a filter that makes it an error
+    # left the tier on, and the next local save wrote a snapshot under the old branch.
+    from simulator.controller import tiered
+
+    ck = AdaptiveCheckpointer(
+        tmp_path / "ckpt",
+        model=torch.nn.Linear(4, 2),
+        local_dir=str(tmp_path / "local"),
+        policy=TierSchedule({"local": 1e6, "persistent": 1e6}),
+    )
+    monkeypatch.setattr(tiered, "next_generation", lambda *a, **k: (None, "a read-only disk"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="local tier disabled")
+        with pytest.raises(UserWarning, match="a read-only disk"):
+            ck.save(1, tier="local")
+    assert ck.local.disabled == "the run's new branch cannot be recorded (a read-only disk)"
+    assert not ck.schedule.local_enabled
+    ck.save(2, tier="local")  # no snapshot under a branch the run could not record
+    assert not list((tmp_path / "local").rglob("step-*"))
+    ck.close(finished=False)

@@ -38,6 +38,10 @@ class Backend(Protocol):
         """``obj`` as rank 0 has it, on every rank."""
         ...
 
+    def all_gather(self, obj: Any) -> list:
+        """``obj`` of every rank, in rank order (needed with more than one rank)."""
+        ...
+
     def barrier(self) -> None: ...
 
     def write(self, tmp_dir: Path, state: dict) -> None:
@@ -82,6 +86,9 @@ class LocalBackend:
 
     def broadcast(self, obj: Any) -> Any:
         return obj
+
+    def all_gather(self, obj: Any) -> list:
+        return [obj]
 
     def barrier(self) -> None:
         return None

@@ -89,7 +89,7 @@ from simulator.controller.precision import (
 )
 from simulator.controller.runlog import RunLog, failures_by_class
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
-from simulator.controller.shared_failure import describe, raise_described
+from simulator.controller.shared_failure import describe, gather_work, raise_described
 from simulator.controller.state import (
     capture_state,
     check_state,
@@ -720,12 +720,12 @@ class AdaptiveCheckpointer(TierMixin):
         # Rank 0's own work between broadcasts (listing what earlier launches moved aside,
         # moving a rejected checkpoint aside) fails into the next choice's broadcast, so that
         # every rank hears of it (see _choose_everywhere), never on rank 0 alone.
-        self._deferred: BaseException | None = None
+        self._deferred: tuple[BaseException, str] | None = None  # and what rank 0 was doing
         if self.backend.rank == 0:
             try:
                 self._aside_before = rejected_aside(self.storage)
             except BaseException as exc:
-                self._deferred = exc
+                self._deferred = exc, f"listing what earlier launches moved aside in {self.root}"
         self._restore_tier = PERSISTENT
         while (name := self._choose_everywhere()) is not None:
             store = self._tier_storage(self._restore_tier)
@@ -759,22 +759,33 @@ class AdaptiveCheckpointer(TierMixin):
             if foreign is not None:
                 self._reject(name, *foreign)
                 continue
-            check_config(
-                store.describe(name),
-                state.get("config"),
-                self.config,
-                ignore=self.ignore_config_keys,
-            )
-            try:
-                step = restore_state(state, backend=self.backend, **self._objects)
-            except (KeyError, RuntimeError, ValueError) as exc:
-                raise IncompatibleCheckpoint(
-                    f"checkpoint {store.describe(name)} does not fit this run: {summary(exc)}"
-                ) from None
-            if lost is not None:
-                warnings.warn(f"{lost} ({name})", stacklevel=3)
-            self.schedule.seed(Estimates(**state.get("controller", {})))
-            self._seed_tier(state)
+            world = self.backend.world_size
+
+            def restore_here(state=state, store=store, lost=lost, name=name, world=world) -> int:
+                check_config(
+                    store.describe(name),
+                    state.get("config"),
+                    self.config,
+                    ignore=self.ignore_config_keys,
+                )
+                try:
+                    step = restore_state(state, backend=self.backend, **self._objects)
+                except (KeyError, RuntimeError, ValueError) as exc:
+                    raise IncompatibleCheckpoint(
+                        f"checkpoint {store.describe(name)} does not fit this run: {summary(exc)}"
+                    ) from None
+                if lost is not None:
+                    warnings.warn(f"{lost} ({name})", stacklevel=4 if world == 1 else 5)
+                self.schedule.seed(Estimates(**state.get("controller", {})))
+                self._seed_tier(state)
+                return step
+
+            if world > 1:  # a refusal or failure on one rank (its own objects) reaches all
+                rank = self.backend.rank
+                doing = f"restoring {name} into this run"
+                step = gather_work(self.backend.all_gather, restore_here, doing, rank)[rank]
+            else:
+                step = restore_here()
             self.resumed_from = self.last_saved_step = step
             return step
         return 0
@@ -817,7 +828,7 @@ class AdaptiveCheckpointer(TierMixin):
             line = reject(self.storage, name, why, reason, move=self._lock.held)
             self._note_rejected(name, line)
         except BaseException as exc:
-            self._deferred = exc
+            self._deferred = exc, f"moving the rejected {name} aside"
 
     def _note_rejected(self, name: str, line: str) -> None:
         warnings.warn(f"{line}; falling back to an older checkpoint", stacklevel=5)
@@ -848,18 +859,17 @@ class AdaptiveCheckpointer(TierMixin):
         failure of rank 0's own work since the last choice (:attr:`_deferred`) is raised here
         the same way."""
         choice, failed = None, None
+        doing = f"while choosing a checkpoint in {self.root}"
         self._agree_ring()
         if self.backend.rank == 0:
-            try:
-                if self._deferred is not None:
-                    failed, self._deferred = self._deferred, None
-                    raise failed
-                choice = self._choose()
-            except BaseException as exc:  # an interrupt too: the others must not wait
-                failed = exc
-        choice, self._restore_tier = self._share(
-            (choice, self._restore_tier), failed, f"while choosing a checkpoint in {self.root}"
-        )
+            if self._deferred is not None:
+                (failed, doing), self._deferred = self._deferred, None
+            else:
+                try:
+                    choice = self._choose()
+                except BaseException as exc:  # an interrupt too: the others must not wait
+                    failed = exc
+        choice, self._restore_tier = self._share((choice, self._restore_tier), failed, doing)
         return choice
 
     def _share(self, payload: Any, failed: BaseException | None, doing: str) -> Any:

@@ -43,6 +43,7 @@ import torch
 
 from simulator import ckptio
 from simulator.controller.safe_metadata import load_metadata
+from simulator.controller.shared_failure import gather_work
 from simulator.errors import InputError
 
 __all__ = ["PER_RANK_KEY", "DistributedBackend"]
@@ -240,6 +241,16 @@ class DistributedBackend:
         dist.broadcast_object_list(box, group=self.group, group_src=0)
         return box[0]
 
+    def all_gather(self, obj) -> list:
+        """``obj`` of every rank, in rank order (collective)."""
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
     def barrier(self) -> None:
         import torch.distributed as dist
 
@@ -353,13 +364,20 @@ class DistributedBackend:
 
         from simulator.controller.integrity import CorruptCheckpoint, UnsafeCheckpoint
 
-        if not (ckpt_dir / ".metadata").is_file():
-            raise CorruptCheckpoint(f"{ckpt_dir.name}: no DCP .metadata (incomplete write)")
-        # Read (and vet) here: inside dcp.load a refusal would be swallowed into a fallback.
-        metadata = load_metadata(ckpt_dir)
-        if not own:
-            self._check_saved_ranks(ckpt_dir, metadata)
-        state = _encode(self._split(template))
+        def prepare():
+            if not (ckpt_dir / ".metadata").is_file():
+                raise CorruptCheckpoint(f"{ckpt_dir.name}: no DCP .metadata (incomplete write)")
+            # Read (and vet) here: inside dcp.load a refusal would be swallowed into a fallback.
+            metadata = load_metadata(ckpt_dir)
+            if not own:
+                self._check_saved_ranks(ckpt_dir, metadata)
+            return metadata, _encode(self._split(template))
+
+        if own:
+            metadata, state = prepare()
+        else:  # every rank ready, or every rank told why not, before DCP's collective load
+            done = gather_work(self.all_gather, prepare, f"reading {ckpt_dir.name}", self.rank)
+            metadata, state = done[self.rank]
         planner = _completing_planner(self.rank)
         try:
             with _quiet_single_process(own):

@@ -75,7 +75,7 @@ from simulator.controller.integrity import (
 from simulator.controller.local_tier import RANK_FIELD, superseded
 from simulator.controller.runlog import open_regular
 from simulator.controller.safe_metadata import load_metadata
-from simulator.controller.shared_failure import describe, raise_described
+from simulator.controller.shared_failure import gather_work
 from simulator.controller.storage import (
     LocalStorage,
     apply_retention,
@@ -235,24 +235,10 @@ class Ring:
         return out
 
     def gather_work(self, work: Callable[[], Any], doing: str) -> list:
-        """Collective: ``work()`` on every rank, then every rank's result in rank order. When
-        the work raised on some rank, that rank raises its own exception after the gather and
-        every other rank one of its kind that quotes it
-        (:mod:`~simulator.controller.shared_failure`), ``doing`` naming the work: no rank
-        leaves the others waiting in the collective."""
-        value, failed = None, None
-        try:
-            value = work()
-        except BaseException as exc:  # an interrupt too: the others must not wait
-            failed = exc
-        error = None if failed is None else describe(failed, doing, self.rank)
-        gathered = self.gather((value, error))
-        if failed is not None:
-            raise failed
-        for _, error in gathered:
-            if error is not None:
-                raise_described(error)
-        return [value for value, _ in gathered]
+        """Collective: ``work()`` on every rank, every rank's result in rank order, a failure
+        on any rank raised on every rank
+        (:func:`~simulator.controller.shared_failure.gather_work`)."""
+        return gather_work(self.gather, work, doing, self.rank)
 
     def _exchange(
         self,

@@ -7,13 +7,15 @@ with gloo), or until its process exits. So wherever some ranks work alone before
 the collective instead: the failing rank raises its own exception, and every other rank one of
 its kind (:data:`KINDS`) that quotes it. One description (:func:`describe`) and one way of
 raising it (:func:`raise_described`) for the broadcasts from rank 0 (the checkpointer's
-``_share``) and the all-gathers of the ranks' own work (:meth:`Ring.gather_work
-<simulator.controller.local_ring.Ring.gather_work>`).
+``_share``) and the all-gathers of the ranks' own work (:func:`gather_work`: each rank's own
+snapshot in a ring, its part of a checkpoint before DCP's collective load, its restore of its
+own objects).
 """
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from simulator import ckptio
 from simulator.controller.integrity import IncompatibleCheckpoint, NoIntactCheckpoint
@@ -46,3 +48,24 @@ def describe(failed: BaseException, doing: str, rank: int) -> Described:
 def raise_described(error: Described) -> NoReturn:
     kind, message = error
     raise KINDS[kind][1](message)
+
+
+def gather_work(
+    gather: Callable[[Any], list], work: Callable[[], Any], doing: str, rank: int
+) -> list:
+    """Collective: ``work()`` on every rank, then every rank's result in rank order
+    (``gather``: an all-gather of one object per rank). When the work raised on some rank, that
+    rank raises its own exception after the gather and every other rank one of its kind that
+    quotes it, ``doing`` naming the work: no rank leaves the others waiting in a collective."""
+    value, failed = None, None
+    try:
+        value = work()
+    except BaseException as exc:  # an interrupt too: the others must not wait
+        failed = exc
+    gathered = gather((value, None if failed is None else describe(failed, doing, rank)))
+    if failed is not None:
+        raise failed
+    for _, error in gathered:
+        if error is not None:
+            raise_described(error)
+    return [value for value, _ in gathered]

@@ -158,11 +158,6 @@ def open_local_tier(ckpt) -> LocalTier:
     return tier
 
 
-def _disabled(why: str) -> str:
-    """Why the local tier is off for a session whose new branch could not be recorded."""
-    return f"the run's new branch cannot be recorded ({why})"
-
-
 class TierMixin:
     """The tier questions of the checkpointer (``self.local`` is None without a local tier)."""
 
@@ -427,8 +422,9 @@ class TierMixin:
                         self.storage, self.root, self._run_record, remote=self._remote
                     )
                 if why is not None:
+                    self._disable_local(why)  # before the warning, which a filter may raise
                     warnings.warn(
-                        f"local tier disabled for this session: {_disabled(why)}; "
+                        f"local tier disabled for this session: {self.local.disabled}; "
                         "checkpoints go to the persistent tier only",
                         stacklevel=4,
                     )
@@ -436,12 +432,16 @@ class TierMixin:
             failed = exc
         new, why = self._share((new, why), failed, f"recording the run's branch in {self.root}")
         if why is not None:
-            self.local.disabled = _disabled(why)
-            self.schedule.local_enabled = False
+            self._disable_local(why)
             return
         self._run_record = new
         self.local.generation, self.local.branch = new.generation, new.branch
         self._drop_superseded()
+
+    def _disable_local(self, why: str) -> None:
+        """The local tier off for the session: its new branch could not be recorded."""
+        self.local.disabled = f"the run's new branch cannot be recorded ({why})"
+        self.schedule.local_enabled = False
 
     def _drop_superseded(self) -> None:
         """Delete this rank's local snapshots of earlier generations: no restore takes them
@@ -572,7 +572,7 @@ class TierMixin:
             try:  # raised by the next choice, on every rank (the checkpointer's _deferred)
                 warnings.warn(f"local tier: {line}; {then}", stacklevel=4)
             except BaseException as exc:
-                self._deferred = exc
+                self._deferred = exc, f"warning that {name} cannot be restored"
         return None
 
     def _ring_restored(self, step: int) -> bool:
