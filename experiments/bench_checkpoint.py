@@ -321,8 +321,9 @@ def render(result: BenchResult, profile: CostProfile, fig: Path, args) -> str:
         "- Each save fsyncs every file and the directory; before each load the files' pages "
         "are dropped (posix_fadvise DONTNEED). Loads materialise every tensor in memory "
         "(ckptsim also verifies every CRC). `raw` = one sequential os.write + fsync of the "
-        "same bytes and a read back. In each repeat, raw and the formats run in an order "
-        "rotated by the repeat; medians over repeats. Ratios are to raw at the same size.",
+        "same bytes and a read back. In each repeat, raw and the formats run once each, in "
+        "orders balanced so each follows each other one about equally often "
+        "(`runner.interleaved`); medians over repeats. Ratios are to raw at the same size.",
         f"- Measured (size dtype: formats x repeats): {_passes(profile.samples)}.",
         "- Fit: per format, seconds = latency + bytes/bandwidth by bounded least squares "
         "(`scipy.optimize.lsq_linear`, latency ≥ 0, bandwidth > 0) on relative residuals "

@@ -268,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         "fsync'ed, `meta.json` and the manifest fsync'ed, the directory fsync'ed, renamed, the "
         "parent fsync'ed. The raw baseline writes the state's own bytes from its own memory "
         "(`formats.state_bytes`: the bytes the save writes, in one file, no format) with "
-        "`os.write`, then fsyncs the file and its directory: the raw job of the same "
-        "repeat (jobs rotated by repeat). (Until 2026-12-06 it wrote as many random bytes from "
-        "a 64 MB buffer, which the storage below this VM has taken up to 3.5x as long to "
-        "write as the state's bytes: `experiments/write_content.py`.) Before the first repeat "
-        "of each size one untimed raw write of the state (the first large write after the "
-        "state is built is slow for reasons of its own and would always fall on the "
+        "`os.write`, then fsyncs the file and its directory: the raw job of the same repeat (jobs "
+        "in orders balanced for carry-over: `runner.interleaved`). (Until 2026-12-06 it wrote as "
+        "many random bytes from a 64 MB buffer, which the storage below this VM has taken up to "
+        "3.5x as long to write as the state's bytes: `experiments/write_content.py`.) Before the "
+        "first repeat of each size one untimed raw write of the state (the first large write after "
+        "the state is built is slow for reasons of its own and would always fall on the "
         "baseline). A raw write timed "
         "right beside each save was tried and left out: at 1.2 GB it took about twice the raw "
         "job's time in either order, for reasons not found, which would have flattered the "
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "(a plain read, 64 MB at a time without the thread, took up to 3x as long on this VM: "
         "`reports/restore-fresh-process.md`). Each load's minor page faults are counted "
         "(all threads, the prefault thread's included). The table's `raw` row is the raw job "
-        "of each repeat (a file of its own, jobs rotated by repeat, read plainly), as for every "
+        "of each repeat (a file of its own, read plainly), as for every "
         "other format.",
         *(
             [

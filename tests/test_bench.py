@@ -1179,3 +1179,92 @@ def test_a_profile_without_a_fit_for_a_format_says_why_where_it_is_used(tmp_path
     assert "ckptsim" not in profile.fits
     assert "did not grow with size" in profile.unfitted("ckptsim")
     assert profile.unfitted("torch") == "not measured"
+
+
+@pytest.mark.parametrize(
+    "jobs",
+    [
+        ["raw", "ckptsim", "ckptsim-async"],
+        ["raw", "torch", "safetensors", "dcp", "dcp-async", "ckptsim", "ckptsim-async"],
+        ["raw", "torch", "torch+reduced", "ckptsim", "ckptsim+reduced", "ckptsim-async"],
+    ],
+    ids=["scale-report", "every-format", "reduced"],
+)
+def test_every_job_follows_every_job_about_equally_often(jobs):
+    # A rotation of one order put the save after the raw job in two repeats of three and the
+    # raw job never after itself; the save right after the raw job wrote more slowly
+    # (reports/carry-over-1.2GB.md), so the save met the slower predecessor more often than
+    # its baseline did.
+    from collections import Counter
+    from itertools import pairwise
+
+    from simulator.bench.runner import interleaved
+
+    repeats = 40
+    run = list(interleaved(jobs, repeats))
+    assert run == list(interleaved(jobs, repeats))  # the same every time
+    for rep in range(repeats):  # each repeat runs every job once
+        assert sorted(job for r, job in run if r == rep) == sorted(jobs)
+    follows = Counter(pairwise(job for _, job in run))
+    reduced = [job for job in jobs if job.endswith("+reduced")]
+    for job in reduced:  # a reduced save right after its exact one, every repeat
+        assert follows[(job.removesuffix("+reduced"), job)] == repeats
+    firsts = [job for job in jobs if job not in reduced]  # each unit's first job ...
+    lasts = [job for job in jobs if job + "+reduced" not in jobs]  # ... and its last
+    even = repeats / len(firsts)
+    for after in firsts:  # every job meets each job before it, itself too, as often
+        for before in lasts:
+            assert 0.5 * even <= follows[(before, after)] <= 1.5 * even, (before, after)
+
+
+def test_the_save_phases_experiment_splits_each_timed_write_and_leaves_nothing(tmp_path, capsys):
+    from experiments import save_phases
+    from simulator.bench import runner
+    from simulator.ckptio import write
+
+    def patched():
+        timed = (write.os, write.serialize_file, write.fsync_file, write.fsync_dir)
+        timed += (write._write_bytes, fmt_io.os, fmt_io.ckptio, fmt_io.raw_write)
+        return [*timed, runner._measure, dict(fmt_io.SAVERS)]
+
+    before = patched()
+    work, report = tmp_path / "work", tmp_path / "phases.md"
+    work.mkdir()
+    argv = ["--size", "300K", "--repeats", "6", "--dir", str(work), "--no-warm-memory"]
+    assert (
+        save_phases.main([*argv, "--json", str(tmp_path / "rows.json"), "--report", str(report)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert sorted({r["job"] for r in rows}) == ["ckptsim", "ckptsim-async", "raw"]
+    assert len(rows) == 3 * 6  # the benchmark's warm-up write is not one of them
+    for r in rows:  # the phases add up to the job's own clock
+        phases = [r.get(k, 0.0) for k in save_phases.PHASES[r["job"]]]
+        assert sum(phases) == pytest.approx(r["clock_s"], abs=1e-9)
+        assert all(p >= 0 for p in phases[:-1]) and r["steal_s"] >= 0
+    saves = [r for r in rows if r["job"] == "ckptsim"]
+    assert all(r["serialize"] > 0 and r["tensor_fsync"] > 0 and r["small"] > 0 for r in saves)
+    assert all(r["fsync"] > 0 for r in rows if r["job"] == "raw")
+    assert "ckptsim save against the raw write of its repeat" in out
+    assert all(line in report.read_text() for line in out.splitlines()[:-1])
+    assert list(work.iterdir()) == []
+    assert patched() == before  # every timer taken out again
+
+
+def test_the_carry_over_experiment_times_the_save_after_each_kind_of_job(tmp_path, capsys):
+    from experiments import carry_over
+
+    work, report = tmp_path / "work", tmp_path / "carry.md"
+    work.mkdir()
+    argv = ["--size", "300K", "--rounds", "6", "--dir", str(work), "--no-warm-memory"]
+    assert carry_over.main([*argv, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    for kind in carry_over.BEFORE:
+        assert f"  after {kind}: median " in out
+    assert out.count("one-sided Mann-Whitney p") == 2
+    assert all(line in report.read_text() for line in out.splitlines()[:-1])
+    assert list(work.iterdir()) == []
+    with pytest.raises(SystemExit):
+        carry_over.main(["--rounds", "5", "--dir", str(tmp_path)])
+    assert "at least 6" in capsys.readouterr().err

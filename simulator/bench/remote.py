@@ -1,6 +1,6 @@
 """The benchmark against object storage: ``ckptsim bench --dir s3://bucket/prefix``.
 
-The same state, sizes, repeats and rotated interleaving as on a disk
+The same state, sizes, repeats and interleaving (orders balanced for carry-over) as on a disk
 (:mod:`simulator.bench.runner`), with what a save and a restore mean on an object store:
 
 - ``raw``: the state's own bytes put as one object from its memory (a multipart upload where

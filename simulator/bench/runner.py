@@ -1,24 +1,27 @@
 """The benchmark loop: interleaved, repeated, fsync'ed saves and cold restores per format.
 
-Within one size, each repeat runs the raw baseline and every format once, in an order rotated
-by the repeat number, so slow drift of the disk (or of neighbours on a shared machine) spreads
-over all formats instead of landing on one; each format's bandwidth is reported as a ratio to
+Within one size, each repeat runs the raw baseline and every format once, in orders balanced so
+that each job follows each other one about equally often (:func:`interleaved`): slow drift of
+the disk (or of neighbours on a shared machine) spreads over all formats, and what one job
+leaves behind for the next does not land on one; each format's bandwidth is reported as a ratio to
 the raw sequential write of the same bytes measured in the same run (restores to the raw read
 of the same repeat). The restore goal's ratio is a tighter pair still: each repeat of
 ``ckptsim`` times a raw read of its own tensor file right beside its restore. With a reduced
 ``optimizer_precision`` or ``weights_precision`` each format that takes it
 (:data:`~simulator.bench.formats.REDUCIBLE`) is measured twice per repeat, exact and reduced,
-side by side in the same rotation, and each reduced row carries its ratios to the exact one
+side by side in the same repeat, and each reduced row carries its ratios to the exact one
 (bytes, save and restore time). With ``writers`` the largest size is then saved sharded over
 that many processes at once (:mod:`simulator.bench.writers`). Only one checkpoint exists on
 disk at a time, and everything written is removed on exit, Ctrl-C included."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 import math
 import os
 import platform
@@ -153,7 +156,7 @@ class BenchConfig:
         jobs = ["raw", *self.formats]
         if "ckptsim" in self.formats:
             jobs.insert(jobs.index("ckptsim") + 1, "ckptsim-async")
-        if self.reduced:  # each reduced save next to its exact one in the rotation
+        if self.reduced:  # each reduced save next to its exact one in each repeat
             jobs = [j for job in jobs for j in (job, job + REDUCED)[: 1 + (job != "raw")]]
         return jobs
 
@@ -444,12 +447,59 @@ def _before_clock(cfg: BenchConfig, tensor_bytes: int) -> Callable[[], None]:
 
 
 def interleaved(jobs: list[str], repeats: int) -> Iterator[tuple[int, str]]:
-    """(repeat, job) for every job once per repeat, each repeat starting one job later, so no
-    format always follows the same one (the page cache and the disk's write-back carry over)."""
+    """(repeat, job) for every job once per repeat, in orders balanced for carry-over: over
+    the run every job follows every job (itself too, across two repeats) about equally often,
+    so the raw baseline and each format meet the same mixture of jobs before them.
+
+    A job leaves state behind for the next one (the page cache it freed, the disk's write-back,
+    the host's view of the memory it let go), and which job runs before a timed one matters on
+    the project's VM: the 1.2 GB save right after the raw job took a median of 0.839 s, against
+    0.726 s right after the async save (12 each, one-sided Mann-Whitney p 0.027:
+    ``experiments/carry_over.py``, ``reports/carry-over-1.2GB.md``; two earlier runs, printed
+    only, gave 0.910 s against 0.788 s and 0.872 s against 0.718 s). Rotating one fixed order,
+    as this did before, put the save after the raw job in two repeats of three and the raw job
+    after the async save in two of three: the save met the slower predecessor more often than
+    its baseline did.
+    (The designs of crossover trials balance the same way: Williams, "Experimental designs
+    balanced for the estimation of residual effects of treatments", 1949.)
+
+    Each repeat's order is chosen, first fit, from the orders of the repeat's units (a job
+    and its reduced save, ``job + REDUCED``, stay side by side): all of them up to 7 units,
+    else the rotations of the list and of its reverse. The chosen order keeps the largest
+    count of any (before, after) pair smallest, then the sum of their squares, counting the
+    pair across the boundary from the last repeat."""
+    units: list[tuple[str, ...]] = []
+    for job in jobs:
+        if job.endswith(REDUCED) and units and units[-1][0] == job.removesuffix(REDUCED):
+            units[-1] += (job,)
+        else:
+            units.append((job,))
+    if len(units) <= 7:
+        orders = list(itertools.permutations(units))
+    else:
+        turns = [units[i:] + units[:i] for i in range(len(units))]
+        orders = [tuple(o) for o in turns + [t[::-1] for t in turns]]
+    flat = [[job for unit in order for job in unit] for order in orders]
+    count: collections.Counter = collections.Counter()  # (before, after) -> times so far
+    last = None
     for rep in range(repeats):
-        shift = rep % len(jobs)
-        for job in jobs[shift:] + jobs[:shift]:
+        order = min(flat, key=functools.partial(_carry_over_cost, count, last))
+        count.update(_follows(last, order))
+        last = order[-1]
+        for job in order:
             yield rep, job
+
+
+def _follows(last: str | None, order: list[str]) -> list[tuple[str, str]]:
+    """The (before, after) pairs of running ``order`` right after ``last`` (None: first)."""
+    return list(itertools.pairwise([last, *order]))[last is None :]
+
+
+def _carry_over_cost(count, last: str | None, order: list[str]) -> tuple[int, int]:
+    """What running ``order`` after ``last`` does to the pair counts: the largest count,
+    then the sum of squares."""
+    after = [count[pair] + n for pair, n in collections.Counter(_follows(last, order)).items()]
+    return max(after, default=0), sum(c * c for c in after)
 
 
 @contextlib.contextmanager
