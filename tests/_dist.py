@@ -4,6 +4,7 @@ forked ranks that each leave what they measured in ``out/rank<r>.pt``."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,3 +38,21 @@ def fork_ranks(
             raise
         return []
     return rank_results(out, world)
+
+
+def timed_outcome(rank: int, world: int, out: Path, attempt: Callable[[], str]) -> None:
+    """Run ``attempt`` on this rank and write ``"<seconds> <what it returned or raised>"`` to
+    ``out/rank<r>.txt``; then stay alive (as a rank whose exception a handler keeps) until
+    every rank has written its own, for at most 40 s: a rank left waiting in a collective
+    hears no "connection closed" meanwhile, so only a prompt answer is quick."""
+    started = time.monotonic()
+    try:
+        result = attempt()
+    except BaseException as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - started
+    (Path(out) / f"rank{rank}.txt").write_text(f"{took:.1f} {result}")
+    while time.monotonic() < started + took + 40 and not all(
+        (Path(out) / f"rank{r}.txt").exists() for r in range(world)
+    ):
+        time.sleep(0.1)

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _dist import fork_ranks, free_port
+from _dist import fork_ranks, free_port, timed_outcome
 
 WORLD = 2
 STEPS = 20
@@ -564,9 +564,7 @@ class _Position:
 
 def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, where: str) -> None:
     """Session 1 saves step 1 on two ranks; session 2 restores it while ``where`` fails on rank
-    1 alone. Each rank writes the seconds it took and what it raised to ``out/rank<r>.txt``,
-    then stays alive up to 40 s for the other to do so (a rank left waiting in a collective
-    hears no "connection closed" meanwhile)."""
+    1 alone; each rank's time and outcome in ``out/rank<r>.txt`` (``timed_outcome``)."""
     import errno
 
     from simulator.controller import AdaptiveCheckpointer
@@ -602,17 +600,7 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             raise ValueError("the data position does not fit")
 
         position.load_state_dict = refuse
-    started = time.monotonic()
-    try:
-        result = f"restored {checkpointer().restore()}"
-    except BaseException as exc:
-        result = f"{type(exc).__name__}: {exc}"
-    took = time.monotonic() - started
-    (Path(out) / f"rank{rank}.txt").write_text(f"{took:.1f} {result}")
-    while time.monotonic() < started + took + 40 and not all(
-        (Path(out) / f"rank{r}.txt").exists() for r in range(WORLD)
-    ):
-        time.sleep(0.1)
+    timed_outcome(rank, WORLD, Path(out), lambda: f"restored {checkpointer().restore()}")
     dist.destroy_process_group()
 
 

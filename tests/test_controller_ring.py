@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _damage import flip_a_byte
-from _dist import fork_ranks, free_port
+from _dist import fork_ranks, free_port, timed_outcome
 from test_controller_distributed import (
     _assert_bit_exact,
     _batch,
@@ -535,7 +535,6 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
     """Restore the killed run with a failure on one rank alone (``where``); write the time
     taken and what the restore raised (or returned) to ``out/rank<r>.txt``."""
     import errno
-    import time
     from datetime import timedelta
 
     from simulator.controller import tiered
@@ -570,21 +569,13 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
         tiered.next_generation = raises(ValueError("a bad run record"))
     if where == "fallback" and rank == 0:  # ... and warns of the fall-back to the persistent tier
         warnings.filterwarnings("error", message="the local tier")
-    started = time.monotonic()
-    try:
+
+    def attempt() -> str:
         model = _wrap(_model(), "ddp")
         opt = torch.optim.AdamW(model.parameters(), lr=0.05)
-        result = f"restored {_ring_checkpointer(base, model, opt, [0.0]).restore()}"
-    except BaseException as exc:
-        result = f"{type(exc).__name__}: {exc}"
-    took = time.monotonic() - started
-    (Path(out) / f"rank{rank}.txt").write_text(f"{took:.1f} {result}")
-    # Stay alive (as a rank whose exception a handler keeps) until the other rank has said
-    # what it raised, for at most 40 s: a rank left waiting hears no "connection closed".
-    while time.monotonic() < started + took + 40 and not all(
-        (Path(out) / f"rank{r}.txt").exists() for r in range(2)
-    ):
-        time.sleep(0.1)
+        return f"restored {_ring_checkpointer(base, model, opt, [0.0]).restore()}"
+
+    timed_outcome(rank, 2, Path(out), attempt)
     dist.destroy_process_group()
 
 
