@@ -567,27 +567,34 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     1 alone; each rank's time and outcome in ``out/rank<r>.txt`` (``timed_outcome``)."""
     import errno
 
-    from simulator.controller import AdaptiveCheckpointer
+    from simulator.controller import AdaptiveCheckpointer, checkpointer
     from simulator.controller import distributed as backend_module
     from simulator.controller.distributed import DistributedBackend
+    from simulator.controller.integrity import CorruptCheckpoint
 
     _init(rank, port)
     position = _Position()
 
-    def checkpointer() -> AdaptiveCheckpointer:
+    def controller(model: torch.nn.Module) -> AdaptiveCheckpointer:
         config = {"shard": rank} if where == "config" else None  # a value per rank, by mistake
         return AdaptiveCheckpointer(
             root,
-            model=torch.nn.Linear(2, 2),
+            model=model,
             backend=DistributedBackend(),
             extra={"position": position},
             config=config,
         )
 
-    first = checkpointer()
+    torch.manual_seed(1)
+    first_model = torch.nn.Linear(64, 64)  # 16 KiB of weights: more than any gather may carry
+    first = controller(first_model)
     first.restore()
     first.save(1)
     first.close(finished=False)
+    saved = first_model.weight.detach().clone()
+    torch.manual_seed(2)
+    model = torch.nn.Linear(64, 64)
+    weights = model.weight.data_ptr()
     if rank == 1 and where == "metadata":  # its read of the shared .metadata fails
 
         def eio(*_args):
@@ -600,7 +607,33 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             raise ValueError("the data position does not fit")
 
         position.load_state_dict = refuse
-    timed_outcome(rank, WORLD, Path(out), lambda: f"restored {checkpointer().restore()}")
+    if rank == 1 and where == "checking":  # its own values (RNG, data position) fail a check
+
+        def malformed(_state, where):
+            raise CorruptCheckpoint(f"{where}: malformed state")
+
+        checkpointer.check_state = malformed
+
+    gathered = [0]  # the largest object a rank sent in an all-gather, pickled
+    all_gather_object = dist.all_gather_object
+
+    def measured(*args, **kwargs):  # (object_list, obj, group=...), by name or not
+        obj = kwargs["obj"] if "obj" in kwargs else args[1]
+        gathered[0] = max(gathered[0], len(pickle.dumps(obj)))
+        return all_gather_object(*args, **kwargs)
+
+    dist.all_gather_object = measured
+
+    def attempt() -> str:
+        step = controller(model).restore()
+        same = model.weight.data_ptr() == weights and torch.equal(model.weight.detach(), saved)
+        return (
+            f"restored {step}"
+            + (" into the model's own tensors" if same else "")
+            + (f", gathering {gathered[0]:,} bytes" if gathered[0] > 4096 else "")
+        )
+
+    timed_outcome(rank, WORLD, Path(out), attempt)
     dist.destroy_process_group()
 
 
@@ -608,10 +641,21 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     ("where", "own", "others"),
     [
         (
+            "nowhere",
+            "restored 1 into the model's own tensors",
+            "restored 1 into the model's own tensors",
+        ),
+        (
             "metadata",
             "OSError: [Errno 5] Input/output error",
             "CheckpointReadError: rank 1 failed reading step-00000001: OSError: [Errno 5] "
             "Input/output error",
+        ),
+        (
+            "checking",
+            "CorruptCheckpoint: step-00000001: malformed state",
+            "RuntimeError: rank 1 failed reading step-00000001: CorruptCheckpoint: step-00000001:"
+            " malformed state",
         ),
         (
             "position",
@@ -639,4 +683,8 @@ def test_a_failure_on_one_rank_alone_during_a_restore_reaches_every_rank_at_once
     said = {r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(WORLD)}
     assert said[1][1].startswith(own.format(root=root))
     assert said[0][1].startswith(others.format(root=root))
+    if where == "nowhere":  # in place, and no rank's state sent to the others
+        assert said[0][1] == said[1][1] == own
+    if said[0][1].startswith("IncompatibleCheckpoint"):  # rank 1's refusal, saying so
+        assert said[0][1] == said[1][1] + " (on rank 1)"
     assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout

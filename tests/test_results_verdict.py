@@ -202,3 +202,19 @@ def test_the_bench_help_states_the_repeats_a_goal_interval_needs(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     assert f"need {MIN_REPEATS} or more for the median" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_failure_whose_message_cannot_be_shown_is_still_described_for_the_other_ranks():
+    from simulator.controller.integrity import IncompatibleCheckpoint
+    from simulator.controller.shared_failure import KINDS, describe
+
+    class Mute(Exception):
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    kind, text = describe(Mute(), "restoring step-1", 1)
+    assert KINDS[kind][1] is RuntimeError
+    assert text == "rank 1 failed restoring step-1: Mute: (its message cannot be shown)"
+    refusal = IncompatibleCheckpoint("it does not fit")
+    assert describe(refusal, "x", 0)[1] == "it does not fit"  # rank 0's word for word
+    assert describe(refusal, "x", 2)[1] == "it does not fit (on rank 2)"

@@ -736,6 +736,10 @@ class AdaptiveCheckpointer(TierMixin):
                 state, lost = self._ring_state(name, template), None  # checked by every rank
                 if state is None:
                     continue
+            elif self.backend.world_size > 1:
+                # Verified by rank 0, so a rank that cannot read its part ends the launch (no
+                # silent divergence), on every rank: each step a rank takes alone is gathered.
+                state, lost = self._read_everywhere(store, name, template)
             else:
                 try:
                     local = store.local_copy(name)
@@ -746,8 +750,6 @@ class AdaptiveCheckpointer(TierMixin):
                     state = check_state(state, where=name)
                     state, lost = expand_state(state, where=name)
                 except CorruptCheckpoint as exc:
-                    if self.backend.world_size > 1:
-                        raise  # verified by rank 0 yet unreadable here: no silent divergence
                     self._reject(name, "corrupt", str(exc))
                     continue
             # A distributed checkpoint's step is known only now; every rank reads the same.
@@ -789,6 +791,21 @@ class AdaptiveCheckpointer(TierMixin):
             self.resumed_from = self.last_saved_step = step
             return step
         return 0
+
+    def _read_everywhere(self, store, name: str, template: dict) -> tuple[dict, str | None]:
+        """Collective: ``name`` read by every rank (DCP), checked and expanded, or every rank
+        raising when any rank fails (its download, or its own part after DCP's load: each rank
+        checks the per-rank values it alone holds)."""
+        gather, rank = self.backend.all_gather, self.backend.rank
+        local = gather_work(gather, lambda: store.local_copy(name), f"fetching {name}", rank)
+        read: list = []
+
+        def read_here() -> None:  # DCP's load is collective and fails on every rank alike
+            state = self.backend.read(local[rank], template, in_place=not self.allow_fresh_start)
+            read.append(expand_state(check_state(state, where=name), where=name))
+
+        gather_work(gather, read_here, f"reading {name}", rank)
+        return read[0]
 
     def _warn_of_what_retention_keeps(self) -> None:
         """Without the lock (an object store without ``exclusive=True``) retention deletes only

@@ -364,20 +364,22 @@ class DistributedBackend:
 
         from simulator.controller.integrity import CorruptCheckpoint, UnsafeCheckpoint
 
-        def prepare():
+        prepared: list = []  # this rank's own, never gathered: it holds the live tensors
+
+        def prepare() -> None:
             if not (ckpt_dir / ".metadata").is_file():
                 raise CorruptCheckpoint(f"{ckpt_dir.name}: no DCP .metadata (incomplete write)")
             # Read (and vet) here: inside dcp.load a refusal would be swallowed into a fallback.
             metadata = load_metadata(ckpt_dir)
             if not own:
                 self._check_saved_ranks(ckpt_dir, metadata)
-            return metadata, _encode(self._split(template))
+            prepared.append((metadata, _encode(self._split(template))))
 
         if own:
-            metadata, state = prepare()
+            prepare()
         else:  # every rank ready, or every rank told why not, before DCP's collective load
-            done = gather_work(self.all_gather, prepare, f"reading {ckpt_dir.name}", self.rank)
-            metadata, state = done[self.rank]
+            gather_work(self.all_gather, prepare, f"reading {ckpt_dir.name}", self.rank)
+        metadata, state = prepared[0]
         planner = _completing_planner(self.rank)
         try:
             with _quiet_single_process(own):

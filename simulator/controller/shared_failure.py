@@ -36,12 +36,16 @@ Described = tuple[int, str]
 
 
 def describe(failed: BaseException, doing: str, rank: int) -> Described:
-    """``failed`` as the other ranks will raise it: a refusal word for word; anything else
-    as ``rank <r> failed <doing>: <Type>: <message>``."""
+    """``failed`` as the other ranks will raise it: a refusal word for word (naming the rank
+    where it is not rank 0); anything else as ``rank <r> failed <doing>: <Type>: <message>``."""
     kind = next(i for i, (seen, _) in enumerate(KINDS) if isinstance(failed, seen))
+    try:
+        text = str(failed)
+    except Exception:  # a message that cannot be shown must not keep a rank from the collective
+        text = "(its message cannot be shown)"
     if isinstance(failed, IncompatibleCheckpoint | NoIntactCheckpoint):
-        return kind, str(failed)
-    what = type(failed).__name__ + (f": {failed}" if str(failed) else "")
+        return kind, text if rank == 0 else f"{text} (on rank {rank})"
+    what = type(failed).__name__ + (f": {text}" if text else "")
     return kind, f"rank {rank} failed {doing}: {what}"
 
 
