@@ -30,19 +30,24 @@ REPORTS = ROOT / "reports"
 FIGURES = REPORTS / "figures"
 
 
+def output_file(text: str) -> Path:
+    """An argparse type for a file a script writes at its end: refused before the run when its
+    folder does not exist or it names a folder."""
+    file = Path(text)
+    if not file.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no folder {file.parent} to write it in")
+    if file.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: name a file in it")
+    return file
+
+
 def report_option(ap) -> None:
     """Add ``--report FILE`` to a script's parser: write what it prints to FILE as markdown
-    (:func:`printed_report`). A FILE whose folder does not exist is refused before the run."""
-
-    def path(text: str) -> Path:
-        file = Path(text)
-        if not file.parent.is_dir():
-            raise argparse.ArgumentTypeError(f"{text}: no folder {file.parent} to write it in")
-        return file
-
+    (:func:`printed_report`). A FILE it cannot write (:func:`output_file`) is refused before
+    the run."""
     ap.add_argument(
         "--report",
-        type=path,
+        type=output_file,
         default=None,
         metavar="FILE",
         help="also write what it prints, with the command and date, to FILE (markdown)",

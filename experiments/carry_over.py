@@ -35,15 +35,20 @@ from simulator.bench import BenchConfig, runner  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, parse_size  # noqa: E402
 from simulator.engines.results import MIN_REPEATS  # noqa: E402
+from simulator.errors import InputError  # noqa: E402
 
 BEFORE = ("raw", "raw, read the restore's way", "ckptsim-async")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="100M", help="model size in parameters (100M: ~1.2 GB)")
+    ap.add_argument(
+        "--size", default="100M", help="model size in parameters (100M, the default: ~1.2 GB)"
+    )
     ap.add_argument("--rounds", type=int, default=12, help="saves after each kind of job (12)")
-    ap.add_argument("--dir", type=Path, default=REPO, help="the disk the saves are timed on")
+    ap.add_argument(
+        "--dir", type=Path, default=REPO, help="the disk the saves are timed on (the repository's)"
+    )
     ap.add_argument(
         "--no-warm-memory",
         dest="warm_memory",
@@ -56,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rounds must be at least {MIN_REPEATS}")
     if not args.dir.is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
+    try:
+        parse_size(args.size)
+    except InputError as exc:
+        ap.error(str(exc))
     from scipy import stats
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1268,3 +1268,16 @@ def test_the_carry_over_experiment_times_the_save_after_each_kind_of_job(tmp_pat
     with pytest.raises(SystemExit):
         carry_over.main(["--rounds", "5", "--dir", str(tmp_path)])
     assert "at least 6" in capsys.readouterr().err
+    for bad, said in (  # refused before the run, in one line, not after it with a traceback
+        (["--size", "3QQ"], "unknown model size '3QQ'"),
+        (["--report", str(tmp_path)], "is a folder: name a file in it"),
+    ):
+        with pytest.raises(SystemExit):
+            carry_over.main([*bad, "--dir", str(work)])
+        assert said in capsys.readouterr().err
+    from experiments import save_phases
+
+    with pytest.raises(SystemExit):
+        save_phases.main(["--json", str(tmp_path / "absent" / "rows.json"), "--dir", str(work)])
+    assert "no folder" in capsys.readouterr().err
+    assert list(work.iterdir()) == []
