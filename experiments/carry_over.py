@@ -17,7 +17,6 @@ job runs before which. About 6 minutes at the defaults on 2 shared cores.
 
 from __future__ import annotations
 
-import argparse
 import random
 import shutil
 import statistics
@@ -30,41 +29,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments._report import printed_report, report_option  # noqa: E402
+from experiments._bench_args import bench_parser, parse  # noqa: E402
+from experiments._report import printed_report  # noqa: E402
 from simulator.bench import BenchConfig, runner  # noqa: E402
 from simulator.bench import formats as fmt_io  # noqa: E402
 from simulator.bench.state import build_state, parse_size  # noqa: E402
-from simulator.engines.results import MIN_REPEATS  # noqa: E402
-from simulator.errors import InputError  # noqa: E402
 
 BEFORE = ("raw", "raw, read the restore's way", "ckptsim-async")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--size", default="100M", help="model size in parameters (100M, the default: ~1.2 GB)"
-    )
-    ap.add_argument("--rounds", type=int, default=12, help="saves after each kind of job (12)")
-    ap.add_argument(
-        "--dir", type=Path, default=REPO, help="the disk the saves are timed on (the repository's)"
-    )
-    ap.add_argument(
-        "--no-warm-memory",
-        dest="warm_memory",
-        action="store_false",
-        help="leave out the warm-up before each clock (on by default, as in the scale report)",
-    )
-    report_option(ap)
-    args = ap.parse_args(argv)
-    if args.rounds < MIN_REPEATS:
-        ap.error(f"--rounds must be at least {MIN_REPEATS}")
-    if not args.dir.is_dir():
-        ap.error(f"--dir {args.dir} is not a directory")
-    try:
-        parse_size(args.size)
-    except InputError as exc:
-        ap.error(str(exc))
+    ap = bench_parser(__doc__, "rounds", 12, "saves after each kind of job")
+    args = parse(ap, argv, "rounds")
     from scipy import stats
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

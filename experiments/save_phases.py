@@ -28,7 +28,6 @@ prints, with the command and date. About 6 minutes at the defaults on 2 shared c
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -40,17 +39,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments._report import output_file, printed_report, report_option  # noqa: E402
+from experiments._bench_args import bench_parser, parse  # noqa: E402
+from experiments._report import output_file, printed_report  # noqa: E402
 from simulator.bench import (  # noqa: E402
     BenchConfig,
     run_benchmark,
     runner,
 )
 from simulator.bench import formats as fmt_io  # noqa: E402
-from simulator.bench.state import parse_size  # noqa: E402
 from simulator.ckptio import layout, write  # noqa: E402
-from simulator.engines.results import MIN_REPEATS, median_ci  # noqa: E402
-from simulator.errors import InputError  # noqa: E402
+from simulator.engines.results import median_ci  # noqa: E402
 
 VMSTAT = (
     "pgfault",
@@ -255,32 +253,9 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--size", default="100M", help="model size in parameters (100M, the default: ~1.2 GB)"
-    )
-    ap.add_argument("--repeats", type=int, default=24, help="repeats of the benchmark's jobs (24)")
-    ap.add_argument(
-        "--dir", type=Path, default=REPO, help="the disk the saves are timed on (the repository's)"
-    )
-    ap.add_argument(
-        "--no-warm-memory",
-        dest="warm_memory",
-        action="store_false",
-        help="leave out the benchmark's warm-up before each clock (--warm-memory, on by default "
-        "as in the committed scale report)",
-    )
+    ap = bench_parser(__doc__, "repeats", 24, "repeats of the benchmark's jobs")
     ap.add_argument("--json", type=output_file, help="also write every row to this JSON file")
-    report_option(ap)
-    args = ap.parse_args(argv)
-    if args.repeats < MIN_REPEATS:
-        ap.error(f"--repeats must be at least {MIN_REPEATS}")
-    if not args.dir.is_dir():
-        ap.error(f"--dir {args.dir} is not a directory")
-    try:
-        parse_size(args.size)
-    except InputError as exc:
-        ap.error(str(exc))
+    args = parse(ap, argv, "repeats")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     cfg = BenchConfig(
         directory=args.dir,

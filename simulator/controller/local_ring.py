@@ -225,14 +225,8 @@ class Ring:
 
     # -- collectives ------------------------------------------------------------------------
     def gather(self, obj) -> list:
-        """Collective: ``obj`` of every rank, in rank order."""
-        import torch.distributed as dist
-
-        if self.world == 1:
-            return [obj]
-        out: list = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        """Collective: ``obj`` of every rank, in rank order (the backend's all-gather)."""
+        return self.backend.all_gather(obj)
 
     def gather_work(self, work: Callable[[], Any], doing: str) -> list:
         """Collective: ``work()`` on every rank, every rank's result in rank order, a failure
