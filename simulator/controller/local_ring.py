@@ -616,7 +616,7 @@ class Ring:
 
     def _refused(self, what: str, line: str) -> str:
         line = f"rank {self.rank}'s {what}: {line}; treated as missing"
-        warnings.warn(f"local tier: {line}", stacklevel=7)  # at _choose_everywhere
+        warnings.warn(f"local tier: {line}", stacklevel=11)  # at the call of restore()
         return line
 
     def _vet(self, path: Path, owner: int, step: int) -> tuple[str, str] | None:

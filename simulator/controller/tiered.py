@@ -544,7 +544,7 @@ class TierMixin:
             except (CorruptCheckpoint, UnsafeCheckpoint) as exc:
                 why = "unsafe" if isinstance(exc, UnsafeCheckpoint) else "corrupt"
                 line = reject(self.local.storage, name, why, str(exc))
-                warnings.warn(f"local tier: {line}", stacklevel=6)
+                warnings.warn(f"local tier: {line}", stacklevel=7)
                 return f"rank {rank}'s {name}: {exc}", not self.local.storage.exists(name)
             except Exception as exc:  # said by every rank below
                 return f"rank {rank}'s {name}: {type(exc).__name__}: {exc}", False
