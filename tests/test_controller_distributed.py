@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -625,7 +626,17 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     dist.all_gather_object = measured
 
     def attempt() -> str:
-        step = controller(model).restore()
+        ckpt = controller(model)
+        step = ckpt.restore()
+        if where == "logging":  # rank 0's run log fills its disk at a save; a filter: fatal
+            if rank == 0:
+
+                def full(*_args, **_kwargs):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+                ckpt.runlog._append = full
+            warnings.filterwarnings("error", message="cannot write the run log")
+            ckpt.save(2)
         same = model.weight.data_ptr() == weights and torch.equal(model.weight.detach(), saved)
         return (
             f"restored {step}"
@@ -662,6 +673,11 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             "IncompatibleCheckpoint: checkpoint {root}/step-00000001 does not fit this run",
             "IncompatibleCheckpoint: checkpoint {root}/step-00000001 does not fit this run",
         ),
+        (
+            "logging",
+            "",  # rank 1 is the one that hears of it
+            "",
+        ),
         pytest.param(
             "config",
             "IncompatibleCheckpoint: refusing to resume",
@@ -681,6 +697,12 @@ def test_a_failure_on_one_rank_alone_during_a_restore_reaches_every_rank_at_once
     args = (free_port(), str(root), str(tmp_path), where)
     mp.start_processes(_restore_while_one_rank_fails, args=args, nprocs=WORLD, start_method="fork")
     said = {r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(WORLD)}
+    if where == "logging":  # rank 0 fails alone, after the save, before the due step is sent
+        assert said[0][1].startswith("UserWarning: cannot write the run log")
+        assert said[1][1].startswith(
+            "RuntimeError: rank 0 failed logging the save of step 2: UserWarning: cannot write "
+            "the run log"
+        )
     assert said[1][1].startswith(own.format(root=root))
     assert said[0][1].startswith(others.format(root=root))
     if where == "nowhere":  # in place, and no rank's state sent to the others

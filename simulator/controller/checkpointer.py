@@ -544,17 +544,28 @@ class AdaptiveCheckpointer(TierMixin):
         self.schedule.update_exposure(session_s)
         due = self._due_after(tier, step, session_s)
         interval_s = self._interval_of(tier)
-        self.runlog.append(
-            "save",
-            session_s=session_s,
-            step=step,
-            ok=error is None,
-            stall_s=round(t1 - t0, 6),
-            interval_s=interval_s if math.isfinite(interval_s) else None,
-            next_due_step=int(due),
-            **self._tier_field(tier),
+        fatal = None
+        try:  # rank 0's log (its warning a filter may make fatal): heard in the broadcast below
+            self.runlog.append(
+                "save",
+                session_s=session_s,
+                step=step,
+                ok=error is None,
+                stall_s=round(t1 - t0, 6),
+                interval_s=interval_s if math.isfinite(interval_s) else None,
+                next_due_step=int(due),
+                **self._tier_field(tier),
+            )
+        except BaseException as exc:
+            fatal = exc
+        shared = None if fatal is None else describe(fatal, f"logging the save of step {step}", 0)
+        due, message, shared = self._broadcast_point(
+            step, (due, None if error is None else repr(error), shared)
         )
-        due, message = self._broadcast_point(step, (due, None if error is None else repr(error)))
+        if fatal is not None:
+            raise fatal
+        if shared is not None:
+            raise_described(shared)
         self._set_due(due)
         self._mark_step, self._mark_t = step, self.clock()
         if error is not None or message is not None:
