@@ -912,6 +912,17 @@ class AdaptiveCheckpointer(TierMixin):
             raise_described(error)
         return payload
 
+    def _on_rank0(self, work: Callable[[], Any], doing: str) -> Any:
+        """``work()`` on rank 0 alone, its result on every rank, or its failure raised on
+        every rank (:meth:`_share`)."""
+        value, failed = None, None
+        if self.backend.rank == 0:
+            try:
+                value = work()
+            except BaseException as exc:  # an interrupt too: the others must not wait
+                failed = exc
+        return self._share(value, failed, doing)
+
     def _choose(self) -> str | None:
         if self.local is not None and self.local.usable:
             return self._choose_tiered()

@@ -413,24 +413,24 @@ class TierMixin:
         self._generation_settled = True
         if not self.local.usable or self.restored_tier == LOCAL:
             return
-        new, why = None, "the checkpoint directory is read-only" if self.read_only else None
-        failed = None
-        try:  # rank 0 alone: its failure, its warning's included, reaches every rank
-            if self.backend.rank == 0:
-                if not self.read_only:
-                    new, why = next_generation(
-                        self.storage, self.root, self._run_record, remote=self._remote
-                    )
-                if why is not None:
-                    self._disable_local(why)  # before the warning, which a filter may raise
-                    warnings.warn(
-                        f"local tier disabled for this session: {self.local.disabled}; "
-                        "checkpoints go to the persistent tier only",
-                        stacklevel=4,
-                    )
-        except BaseException as exc:
-            failed = exc
-        new, why = self._share((new, why), failed, f"recording the run's branch in {self.root}")
+
+        def record() -> tuple:  # rank 0's: its failure, its warning's included, reaches all
+            if self.read_only:
+                new, why = None, "the checkpoint directory is read-only"
+            else:
+                new, why = next_generation(
+                    self.storage, self.root, self._run_record, remote=self._remote
+                )
+            if why is not None:
+                self._disable_local(why)  # before the warning, which a filter may raise
+                warnings.warn(
+                    f"local tier disabled for this session: {self.local.disabled}; "
+                    "checkpoints go to the persistent tier only",
+                    stacklevel=6,
+                )
+            return new, why
+
+        new, why = self._on_rank0(record, f"recording the run's branch in {self.root}")
         if why is not None:
             self._disable_local(why)
             return
@@ -610,12 +610,8 @@ class TierMixin:
         self._settle_generation()
         if self.local is not None and self.restored_tier == LOCAL:
             self._local_saved = step
-            newest, failed = None, None
-            try:  # rank 0's view (it moved rejected ones aside)
-                newest = self._newest_persistent() if self.backend.rank == 0 else None
-            except BaseException as exc:
-                failed = exc
-            self._saved_step = self._share(newest, failed, f"listing {self.root}")
+            # Rank 0's view (it moved rejected ones aside).
+            self._saved_step = self._on_rank0(self._newest_persistent, f"listing {self.root}")
             self.last_saved_step = self._saved_step
 
     def _final_step(self) -> int | None:
