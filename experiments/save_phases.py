@@ -8,9 +8,10 @@ timed save (``ckptsim``, and ``ckptsim-async``'s background write) and each raw 
 into its phases, recorded beside what the machine did meanwhile:
 
 - ``ckptsim``: ``serialize`` (the safetensors library's write into the page cache),
-  ``tensor_fsync`` (the tensor file's flush, the CRC thread trailing it), ``small`` (the
-  metadata file and the manifest, each fsync'ed), ``dirs`` (the directory fsyncs and the
-  rename), and ``other`` (the rest of the clock: flattening, checks, the header read back);
+  ``tensor_fsync`` (the tensor file's flush, a thread taking its CRC from the file
+  meanwhile), ``small`` (the metadata file and the manifest, each fsync'ed), ``dirs`` (the
+  directory fsyncs and the rename), and ``other`` (the rest of the clock: flattening, the
+  checks, the tensors' descriptions for the library);
 - ``raw``: ``os.write loop`` (``os.write`` of the state's bytes into the page cache, reported
   as its ``other``), ``fsync``, ``dirs``;
 - for every timed write: the job before it, the CPU time stolen by the host
@@ -47,7 +48,7 @@ from simulator.bench import (  # noqa: E402
     runner,
 )
 from simulator.bench import formats as fmt_io  # noqa: E402
-from simulator.ckptio import layout, write  # noqa: E402
+from simulator.ckptio import write  # noqa: E402
 from simulator.engines.results import median_ci  # noqa: E402
 
 VMSTAT = (
@@ -129,10 +130,9 @@ def measure(cfg: BenchConfig) -> list[dict]:
     ph = Phases()
     rows: list[dict] = []
     last: dict[str, str | None] = {}  # the job before the one running: none for the first
-    tensor_file = lambda f: "tensor_fsync" if Path(f).name == layout.TENSOR_FILE else "small"  # noqa: E731
     patches = [  # (namespace, attribute, replacement): the names the timed code calls
         (write, "serialize_file", ph.wrap(write.serialize_file, "serialize")),
-        (write, "fsync_file", ph.wrap(write.fsync_file, tensor_file)),
+        (write, "_crc_while_flushing", ph.wrap(write._crc_while_flushing, "tensor_fsync")),
         (write, "_write_bytes", ph.wrap(write._write_bytes, "small")),
         (write, "fsync_dir", ph.wrap(write.fsync_dir, "dirs")),
         (write, "os", _Module(os, rename=ph.wrap(os.rename, "dirs"))),

@@ -1223,7 +1223,7 @@ def test_the_save_phases_experiment_splits_each_timed_write_and_leaves_nothing(t
     from simulator.ckptio import write
 
     def patched():
-        timed = (write.os, write.serialize_file, write.fsync_file, write.fsync_dir)
+        timed = (write.os, write.serialize_file, write._crc_while_flushing, write.fsync_dir)
         timed += (write._write_bytes, fmt_io.os, fmt_io.ckptio, fmt_io.raw_write)
         return [*timed, runner._measure, dict(fmt_io.SAVERS)]
 

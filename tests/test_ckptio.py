@@ -65,7 +65,19 @@ def test_round_trip_is_bit_exact_including_bf16_nan_and_negative_zero(tmp_path):
         assert _bits_equal(tensors[name], t), name
 
 
-def test_manifest_crc_equals_crc_of_the_bytes_on_disk(tmp_path):
+@pytest.mark.parametrize("mappable", [True, False], ids=["mapped", "read"])
+@pytest.mark.parametrize("chunk", [None, 1000], ids=["one-slice", "many-slices"])
+def test_manifest_crc_equals_crc_of_the_bytes_on_disk(tmp_path, monkeypatch, mappable, chunk):
+    """Whether the tensor file's CRC is taken through a mapping of the file or, on a file
+    system that cannot map files, by reading it, in one slice or many."""
+    if chunk:
+        monkeypatch.setattr(ckptio.write, "_CRC_CHUNK", chunk)
+    if not mappable:
+
+        def refuse(*args, **kwargs):
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+
+        monkeypatch.setattr(ckptio.write.mmap, "mmap", refuse)
     manifest = write_checkpoint(tmp_path / "ck", _state(), META)
     assert set(manifest["files"]) == {ckptio.TENSOR_FILE, ckptio.META_FILE}
     for name, entry in manifest["files"].items():
@@ -136,6 +148,11 @@ def test_dtypes_and_names_no_safetensors_file_holds_are_refused_before_touching_
 def test_tied_and_noncontiguous_tensors_are_saved(tmp_path):
     w = torch.randn(8, 4)
     state = {"embed": w, "lm_head": w, "transposed": w.t(), "half": w[:4]}
+    state |= {  # what a model's parameters and a step's tensors are, as users pass them
+        "param": torch.nn.Parameter(torch.randn(3)),
+        "frozen": torch.nn.Parameter(torch.randn(2), requires_grad=False),
+        "in_graph": torch.randn(2, requires_grad=True) * 2,
+    }
     write_checkpoint(tmp_path / "ck", state, {})
     tensors, _ = read_checkpoint(tmp_path / "ck")
     for name, t in state.items():
