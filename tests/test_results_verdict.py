@@ -184,6 +184,8 @@ def test_a_printed_interval_holds_the_computed_one_so_a_missed_goal_never_reads_
     assert outward(0.8997, 1.0301) == ("0.89", "1.04")
     assert outward(0.29, 0.3, ".3f") == ("0.290", "0.300")  # exact decimals stay as they are
     assert outward(-0.0011, 2.0) == ("-0.01", "2.00")
+    assert outward(-0.0301, -0.0011) == ("-0.04", "0.00")  # a high end rounded up to zero
+    assert outward(-0.0, 0.0) == ("0.00", "0.00")
     assert outward(0.5, math.inf) == ("0.50", "inf")
     assert outward(np.float64(0.8997), np.float64(1e30)) == ("0.89", f"{1e30:.2f}")
     point = {"low": 0.8997, "high": 1.03, "expected_low": 0.88995, "expected_high": 1.0}

@@ -198,7 +198,8 @@ def outward(low: float, high: float, spec: str = ".2f") -> tuple[str, str]:
         value = float(value)  # a numpy float's repr is "np.float64(...)"
         if not math.isfinite(value) or abs(value) >= 2.0**53:  # an integer already: exact
             return f"{value:{spec}}"
-        return f"{Decimal(repr(value)).quantize(step, rounding=rounding):f}"
+        rounded = Decimal(repr(value)).quantize(step, rounding=rounding)
+        return f"{rounded.copy_abs() if rounded.is_zero() else rounded:f}"  # never "-0.00"
 
     return text(low, ROUND_FLOOR), text(high, ROUND_CEILING)
 
