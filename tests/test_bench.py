@@ -136,11 +136,15 @@ def test_cli_json_has_the_documented_keys_and_writes_a_loadable_profile(tmp_path
     out = tmp_path / "profile.json"
     work = tmp_path / "w"
     work.mkdir()
-    argv = ["bench", "--sizes", "300K,10M", "--formats", "torch,dcp-async", "--repeats", "1"]
+    argv = ["bench", "--sizes", "300K,10M", "--formats", "torch,dcp-async", "--repeats", "2"]
     argv += ["--dir", str(work), "--out", str(out), "--json"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["raw_bytes_per_s"] > 0
+    timed = sorted((s["size"], s["format"], s["repeat"]) for s in data["samples"])
+    formats, sizes = ("dcp-async", "raw", "torch"), ("10M", "300K")
+    assert timed == [(z, f, r) for z in sizes for f in formats for r in (0, 1)]  # every repeat
+    assert all(s["save_s"] > 0 and s["load_s"] > 0 for s in data["samples"])
     keys = {"format", "params", "bytes", "save_s_median", "bytes_per_s", "ratio_to_raw"}
     keys |= {"load_s_median"}
     for r in data["results"]:

@@ -195,6 +195,7 @@ class BenchResult:
             "raw_bytes_per_s": self.raw_bytes_per_s,
             "raw_read_bytes_per_s": self.raw_read_bytes_per_s,
             "results": self.results,
+            "samples": self.samples,
             "goals": self.goals,
             "machine": self.machine,
             "notes": self.notes,

@@ -146,7 +146,13 @@ def register(subparsers) -> None:
         "most the memory available less 256 MB (a local --dir only)",
     )
     p.add_argument("--out", metavar="FILE", help="write the cost profile JSON (.json) here")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object on stdout: the table's rows (results), every timed job of every "
+        "repeat (samples: format, size, repeat, save_s, load_s, ...), the goal ratios (goals), "
+        "the contention fit and the machine",
+    )
     p.set_defaults(func=run)
 
 
