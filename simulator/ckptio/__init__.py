@@ -21,8 +21,8 @@ from one is that loading never executes code (safetensors and JSON only, never a
 
 The tensor file is written by the safetensors library straight from the tensors' memory; its
 CRC-32 (ISA-L's ``crc32``: the values of ``zlib.crc32`` at ~4x its speed; zlib's where ISA-L
-has no wheel) is taken by a thread from the file just written, mapped from the page cache,
-while the file is flushed to the device.
+has no wheel) is taken by a thread that reads the file just written back from the page cache
+in 4 MB slices while the file is flushed to the device.
 A restore fills every tensor with 4 MB
 scatter reads (``readv``) straight into its buffer (no file mapping, whose page faults read a
 cold file at a fraction of the disk's speed) and checks the CRC-32 of each slice right after

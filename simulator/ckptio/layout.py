@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,7 @@ _CRC_CHUNK = 64 << 20  # bounded slices keep the GIL released in long, cache-fri
 try:  # ISA-L's CRC-32: the same polynomial and values as zlib's, ~4x faster (carry-less mul)
     from isal.isal_zlib import crc32
 except ImportError:  # no wheel for this platform: zlib's, slower but identical
-    from zlib import crc32
+    from zlib import crc32  # noqa: F401
 
 MAX_MANIFEST_BYTES = 64 << 20
 """A manifest is ~60 bytes per file: this allows a million files and refuses a planted giant."""
@@ -218,74 +216,3 @@ def io_groups(views: list[memoryview], chunk: int = READ_CHUNK) -> list[list[mem
             filled += take
             done += take
     return [group for group in groups if group]
-
-
-CRC_BATCH = 8 << 20
-"""Bytes handed to the CRC thread at once: it (~12 GB/s) trails the I/O by about this much."""
-
-
-class CrcTrail:
-    """The CRC-32 of byte slices handed over in order, computed in one thread that trails
-    whoever produces them (a save's tensors while the file is flushed), so the checksum costs
-    no extra pass over the bytes.
-
-    Slices go over in batches of ~:data:`CRC_BATCH` bytes (a GPT's hundreds of small tensors
-    would otherwise cost a thread hand-off each) and must stay unchanged and alive until the
-    trail is closed; leaving the ``with`` block waits for the thread, and :attr:`value` is the
-    CRC of everything added (None when ``enabled`` is False: then nothing is computed). A plain
-    thread, not an executor: an async save still in flight at interpreter exit must finish,
-    and executors refuse new work once shutdown has begun."""
-
-    def __init__(self, start: int = 0, *, enabled: bool = True):
-        self._crc = start
-        self._batch: list[memoryview] = []
-        self._batched = 0
-        self._error: BaseException | None = None
-        self._queue: queue.SimpleQueue | None = queue.SimpleQueue() if enabled else None
-        self._thread: threading.Thread | None = None
-
-    def add(self, chunk: memoryview) -> None:
-        if self._queue is None:
-            return
-        self._batch.append(chunk)
-        self._batched += len(chunk)
-        if self._batched >= CRC_BATCH:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._batch and self._queue is not None:
-            self._queue.put(tuple(self._batch))
-            self._batch, self._batched = [], 0
-
-    def _run(self) -> None:  # one thread: the batches in order
-        assert self._queue is not None
-        while (chunks := self._queue.get()) is not None:
-            if self._error is not None:
-                continue
-            try:
-                crc = self._crc
-                for chunk in chunks:
-                    crc = crc32(chunk, crc)
-                self._crc = crc
-            except BaseException as exc:  # handed to the producing thread at the end
-                self._error = exc
-
-    def __enter__(self) -> CrcTrail:
-        if self._queue is not None:
-            self._thread = threading.Thread(target=self._run, name="ckptio-crc", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if self._queue is None or self._thread is None:
-            return
-        if exc_type is None:
-            self._flush()
-        self._queue.put(None)
-        self._thread.join()  # no slice is read once the caller may free it
-        if exc_type is None and self._error is not None:
-            raise self._error
-
-    @property
-    def value(self) -> int | None:
-        return None if self._queue is None else self._crc

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import errno
 import json
-import mmap
 import os
 import re
 import secrets
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +18,15 @@ import torch
 from safetensors import SafetensorError, TensorSpec, serialize_file
 
 from simulator.ckptio.layout import (
-    _CRC_CHUNK,
     _TEMP_MARK,
     FORMAT,
     MANIFEST,
     META_FILE,
+    READ_CHUNK,
     TENSOR_FILE,
     TORCH_DTYPES,
     VERSION,
     CheckpointWriteError,
-    CrcTrail,
     crc32,
     fsync_dir,
 )
@@ -192,8 +191,8 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     (``reports/save-overhead.md``). The tensors stay referenced by ``tensors`` until the call
     returns.
 
-    The CRC-32 is computed in a thread from the file just written, mapped into memory (its
-    pages are still in the page cache), while the file is flushed to the device: the value a
+    The CRC-32 is computed in a thread from the file just written, read back from the page
+    cache (:func:`_crc_while_flushing`), while the file is flushed to the device: the value a
     read of the file gives, without a second pass over the disk and without per-tensor work
     in Python. (It was computed from the tensors' memory in the order of the file's header,
     read back for that: the same bytes, with ~3 ms more of Python for a 290 MB state's 353
@@ -215,39 +214,50 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     # tensors would be the one file of a checkpoint that the owner's group, an evaluation job
     # under another account, cannot read. It gets the mode of the checkpoint's other files.
     os.chmod(file, FILE_MODE & ~_umask())
-    with open(file, "rb") as f:
+    with open(file, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         value = _crc_while_flushing(f.fileno(), size, fsync=fsync)
     return {"bytes": size, "crc32": value}
 
 
 def _crc_while_flushing(fd: int, size: int, *, fsync: bool) -> int:
-    """The CRC-32 of the file open at ``fd`` (``size`` bytes), read through a read-only
-    mapping in a thread while this one fsyncs the file (when ``fsync``)."""
+    """The CRC-32 of the file open at ``fd`` (``size`` bytes, at position 0), read back by a
+    thread while this one fsyncs the file (when ``fsync``).
+
+    The thread reads the file (its pages still in the page cache) in :data:`READ_CHUNK` slices
+    into one buffer and takes each slice's CRC while it is in the CPU's cache. Reads, not a
+    mapping of the file: an I/O error while a mapped page is read in (one evicted under memory
+    pressure and read back from a failing disk, or a file cut short meanwhile) is a SIGBUS that
+    kills the training process, where a read raises an OSError the save reports. A plain
+    thread, not an executor: an async save still in flight at interpreter exit must finish, and
+    executors refuse new work once shutdown has begun."""
+    outcome: list[Any] = []
+
+    def crc_of_file() -> None:
+        try:
+            view = memoryview(bytearray(min(READ_CHUNK, size)))
+            value, done = 0, 0
+            while done < size:
+                n = os.readv(fd, [view[: size - done]])  # the file's own position: from 0
+                if n == 0:
+                    raise OSError(errno.EIO, f"the file ended {size - done} bytes early")
+                value = crc32(view[:n], value)
+                done += n
+            outcome.append(value)
+        except BaseException as exc:  # handed to the saving thread below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=crc_of_file, name="ckptio-crc", daemon=True)
+    thread.start()
     try:
-        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # a file system that cannot map files: read it instead
         if fsync:
             os.fsync(fd)
-        value = 0
-        for offset in range(0, size, _CRC_CHUNK):
-            value = crc32(os.pread(fd, _CRC_CHUNK, offset), value)
-        return value
-    view = memoryview(mapped)
-    try:
-        with CrcTrail() as crc:
-            for i in range(0, size, _CRC_CHUNK):  # bounded: the GIL stays released
-                crc.add(view[i : i + _CRC_CHUNK])
-            if fsync:
-                os.fsync(fd)
     finally:
-        try:
-            view.release()
-            mapped.close()
-        except BufferError:  # a slice still referenced (an error's traceback): unmapped later
-            pass
-    assert crc.value is not None
-    return crc.value
+        thread.join()  # bounded: the file's bytes, from the page cache
+    (result,) = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 _NO_BYTES = np.zeros(1, dtype=np.uint8)
