@@ -96,6 +96,44 @@ def test_a_failed_read_back_for_the_crc_is_a_clean_write_error(tmp_path, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["good"]
 
 
+def test_a_save_interrupted_while_its_crc_is_read_leaves_no_reader_on_another_file(
+    tmp_path, monkeypatch
+):
+    # Ctrl-C while the save waits for its CRC thread closes the save's descriptor; a thread
+    # still reading through that number would read, and move, the next file opened.
+    import signal
+    import time
+
+    real_readv = os.readv
+
+    def slow_readv(fd, buffers):
+        time.sleep(0.02)
+        return real_readv(fd, buffers)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckptio.write, "READ_CHUNK", 4096)
+    monkeypatch.setattr(ckptio.write.os, "readv", slow_readv)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            write_checkpoint(tmp_path / "ck", _state(), META, fsync=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    other = tmp_path / "other"
+    other.write_bytes(bytes(1 << 20))
+    fd = os.open(other, os.O_RDONLY)
+    try:
+        time.sleep(0.3)  # the thread goes on reading meanwhile
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 0
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "ck").exists()
+
+
 def test_tensor_file_is_standard_safetensors(tmp_path):
     state = _state()
     write_checkpoint(tmp_path / "ck", state, META)

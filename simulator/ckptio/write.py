@@ -196,8 +196,11 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     read of the file gives, without a second pass over the disk and without per-tensor work
     in Python. (It was computed from the tensors' memory in the order of the file's header,
     read back for that: the same bytes, with ~3 ms more of Python for a 290 MB state's 353
-    tensors, timed ad hoc; and a tensor changed by another thread during the write left a
-    checksum that did not match its own file.) A hand-written writer, gather writes with the
+    tensors, timed ad hoc.) The checksum vouches for the file's bytes as written: a tensor
+    changed by another thread while the file was written (a misuse: the save reads the live
+    tensors; an async save reads its own staged copies) leaves a torn checkpoint whose CRC
+    matches, where a CRC taken from memory after the write caught it at restore when the
+    change fell between the two reads. A hand-written writer, gather writes with the
     write-back started behind each 64 MB, was tried and dropped: on this project's machines it
     was no faster once the write-back was left out, and with it a save now and then stalled
     for 3-5x as long.
@@ -216,33 +219,40 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     os.chmod(file, FILE_MODE & ~_umask())
     with open(file, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        value = _crc_while_flushing(f.fileno(), size, fsync=fsync)
+        value = _crc_while_flushing(file, f.fileno(), size, fsync=fsync)
     return {"bytes": size, "crc32": value}
 
 
-def _crc_while_flushing(fd: int, size: int, *, fsync: bool) -> int:
-    """The CRC-32 of the file open at ``fd`` (``size`` bytes, at position 0), read back by a
-    thread while this one fsyncs the file (when ``fsync``).
+def _crc_while_flushing(file: Path, fd: int, size: int, *, fsync: bool) -> int:
+    """The CRC-32 of ``file`` (``size`` bytes), read back by a thread while this one fsyncs it
+    through ``fd`` (when ``fsync``).
 
-    The thread reads the file (its pages still in the page cache) in :data:`READ_CHUNK` slices
-    into one buffer and takes each slice's CRC while it is in the CPU's cache. Reads, not a
-    mapping of the file: an I/O error while a mapped page is read in (one evicted under memory
-    pressure and read back from a failing disk, or a file cut short meanwhile) is a SIGBUS that
-    kills the training process, where a read raises an OSError the save reports. A plain
-    thread, not an executor: an async save still in flight at interpreter exit must finish, and
-    executors refuse new work once shutdown has begun."""
+    The thread reads the file (its pages still in the page cache) through a descriptor of its
+    own, in :data:`READ_CHUNK` slices into one buffer, and takes each slice's CRC while it is in
+    the CPU's cache. Its own descriptor: a save interrupted while it waits for the thread
+    closes ``fd``, and a thread still reading through that number would read, and move the
+    position of, whatever file the process opens next. Reads, not a mapping of the file: an
+    I/O error while a mapped page is read in (one evicted under memory pressure and read back
+    from a failing disk, or a file cut short meanwhile) is a SIGBUS that kills the training
+    process, where a read raises an OSError the save reports. A plain thread, not an executor:
+    an async save still in flight at interpreter exit must finish, and executors refuse new
+    work once shutdown has begun."""
     outcome: list[Any] = []
 
     def crc_of_file() -> None:
         try:
-            view = memoryview(bytearray(min(READ_CHUNK, size)))
-            value, done = 0, 0
-            while done < size:
-                n = os.readv(fd, [view[: size - done]])  # the file's own position: from 0
-                if n == 0:
-                    raise OSError(errno.EIO, f"the file ended {size - done} bytes early")
-                value = crc32(view[:n], value)
-                done += n
+            own = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                view = memoryview(bytearray(min(READ_CHUNK, size)))
+                value, done = 0, 0
+                while done < size:
+                    n = os.readv(own, [view[: size - done]])
+                    if n == 0:
+                        raise OSError(errno.EIO, f"the file ended {size - done} bytes early")
+                    value = crc32(view[:n], value)
+                    done += n
+            finally:
+                os.close(own)
             outcome.append(value)
         except BaseException as exc:  # handed to the saving thread below
             outcome.append(exc)
