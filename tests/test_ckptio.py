@@ -69,7 +69,7 @@ def test_round_trip_is_bit_exact_including_bf16_nan_and_negative_zero(tmp_path):
 def test_manifest_crc_equals_crc_of_the_bytes_on_disk(tmp_path, monkeypatch, chunk):
     """The tensor file's CRC, read back from the file in one slice or many."""
     if chunk:
-        monkeypatch.setattr(ckptio.write, "READ_CHUNK", chunk)
+        monkeypatch.setattr(ckptio.layout, "READ_CHUNK", chunk)
     manifest = write_checkpoint(tmp_path / "ck", _state(), META)
     assert set(manifest["files"]) == {ckptio.TENSOR_FILE, ckptio.META_FILE}
     for name, entry in manifest["files"].items():
@@ -77,6 +77,43 @@ def test_manifest_crc_equals_crc_of_the_bytes_on_disk(tmp_path, monkeypatch, chu
         assert entry["bytes"] == len(data)
         assert entry["crc32"] == zlib.crc32(data)
     assert json.loads((tmp_path / "ck" / ckptio.MANIFEST).read_text()) == manifest
+
+
+def test_crc_reads_at_once_in_many_threads_each_get_their_own_buffer(tmp_path, monkeypatch):
+    # The read buffers are reused across calls: two threads must never share one.
+    from simulator.ckptio.layout import crc32_read
+
+    monkeypatch.setattr(ckptio.layout, "READ_CHUNK", 4096)
+    files = []
+    for i in range(8):
+        files.append(tmp_path / f"f{i}")
+        files[-1].write_bytes(os.urandom(300_000 + i))
+    got: dict[int, tuple[int, int]] = {}
+
+    def crc(i: int) -> None:
+        for _ in range(5):
+            with open(files[i], "rb", buffering=0) as f:
+                got[i] = crc32_read(f.fileno())
+
+    threads = [threading.Thread(target=crc, args=(i,)) for i in range(len(files))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, file in enumerate(files):
+        data = file.read_bytes()
+        assert got[i] == (zlib.crc32(data), len(data))
+    with open(files[0], "rb", buffering=0) as f:  # a size stops the read there
+        assert crc32_read(f.fileno(), 5000) == (zlib.crc32(files[0].read_bytes()[:5000]), 5000)
+
+
+def test_a_listed_file_that_ends_early_while_verified_is_corrupt(tmp_path, monkeypatch):
+    # The size is checked when the file is opened; a file cut short after that ends the read
+    # early, which the reader reports as corruption (not a wrong CRC, not a hang).
+    write_checkpoint(tmp_path / "ck", _state(), META)
+    monkeypatch.setattr(ckptio.layout.os, "readv", lambda fd, buffers: 0)
+    with pytest.raises(CorruptCheckpoint, match=r"ended [0-9]+ bytes early"):
+        verify_checkpoint(tmp_path / "ck")
 
 
 @pytest.mark.parametrize("fault", ["EIO", "short"])
@@ -113,7 +150,7 @@ def test_a_save_interrupted_while_its_crc_is_read_leaves_no_reader_on_another_fi
     def interrupt(*_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckptio.write, "READ_CHUNK", 4096)
+    monkeypatch.setattr(ckptio.layout, "READ_CHUNK", 4096)
     monkeypatch.setattr(ckptio.write.os, "readv", slow_readv)
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
@@ -198,7 +235,7 @@ def test_tied_and_noncontiguous_tensors_are_saved(tmp_path):
     state |= {  # what a model's parameters and a step's tensors are, as users pass them
         "param": torch.nn.Parameter(torch.randn(3)),
         "frozen": torch.nn.Parameter(torch.randn(2), requires_grad=False),
-        "in_graph": torch.randn(2, requires_grad=True) * 2,
+        "in_graph": (torch.randn(2, 3, requires_grad=True) * 2).t(),  # converted in a graph
     }
     write_checkpoint(tmp_path / "ck", state, {})
     tensors, _ = read_checkpoint(tmp_path / "ck")

@@ -28,7 +28,6 @@ from typing import Any, BinaryIO
 import torch
 
 from simulator.ckptio.layout import (
-    _CRC_CHUNK,
     DCP_DATA,
     DCP_METADATA,
     DTYPES,
@@ -41,6 +40,7 @@ from simulator.ckptio.layout import (
     CorruptCheckpoint,
     bytes_of,
     crc32,
+    crc32_read,
     header_entries,
     io_groups,
     is_temp_dir,
@@ -304,12 +304,9 @@ def _readv_exactly(fd: int, into: list[memoryview], file: Path) -> None:
 
 
 def file_crc32(file: str | os.PathLike) -> int:
-    """CRC-32 of a file's bytes, read in large chunks (for files ckptio did not write)."""
-    crc = 0
+    """CRC-32 of a file's bytes (for files ckptio did not write)."""
     with open(file, "rb", buffering=0) as f:
-        while chunk := f.read(_CRC_CHUNK):
-            crc = crc32(chunk, crc)
-    return crc
+        return crc32_read(f.fileno())[0]
 
 
 def checkpoint_files(path: str | os.PathLike) -> dict[str, int]:
@@ -549,14 +546,10 @@ def _read_member(file: Path, size: int) -> bytes:
 
 def _member_crc(file: Path, size: int) -> int:
     """CRC-32 of exactly the ``size`` bytes a checkpoint file is listed with."""
-    crc, left = 0, size
     with _open_member(file, size) as f:
-        while left > 0:
-            chunk = f.read(min(left, _CRC_CHUNK))
-            if not chunk:
-                raise CorruptCheckpoint(f"{file}: ended {left} bytes early")
-            crc = crc32(chunk, crc)
-            left -= len(chunk)
+        crc, got = crc32_read(f.fileno(), size)
+    if got < size:
+        raise CorruptCheckpoint(f"{file}: ended {size - got} bytes early")
     return crc
 
 

@@ -22,12 +22,12 @@ from simulator.ckptio.layout import (
     FORMAT,
     MANIFEST,
     META_FILE,
-    READ_CHUNK,
     TENSOR_FILE,
     TORCH_DTYPES,
     VERSION,
     CheckpointWriteError,
     crc32,
+    crc32_read,
     fsync_dir,
 )
 
@@ -117,7 +117,7 @@ def _checked_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
             )
         # Each conversion only where it is needed: a state's hundreds of tensors are almost
         # all plain, dense, contiguous CPU tensors already, and each call costs ~0.2-0.5 us.
-        if t.requires_grad or type(t) is not torch.Tensor:
+        if type(t) is not torch.Tensor:  # a Parameter (or another subclass): its plain data
             t = t.detach()
         if type(t) is not torch.Tensor:
             raise TypeError(
@@ -228,8 +228,8 @@ def _crc_while_flushing(file: Path, fd: int, size: int, *, fsync: bool) -> int:
     through ``fd`` (when ``fsync``).
 
     The thread reads the file (its pages still in the page cache) through a descriptor of its
-    own, in :data:`READ_CHUNK` slices into one buffer, and takes each slice's CRC while it is in
-    the CPU's cache. Its own descriptor: a save interrupted while it waits for the thread
+    own, with :func:`~simulator.ckptio.layout.crc32_read` (slices that stay in the CPU's cache,
+    into a reused buffer). Its own descriptor: a save interrupted while it waits for the thread
     closes ``fd``, and a thread still reading through that number would read, and move the
     position of, whatever file the process opens next. Reads, not a mapping of the file: an
     I/O error while a mapped page is read in (one evicted under memory pressure and read back
@@ -243,16 +243,11 @@ def _crc_while_flushing(file: Path, fd: int, size: int, *, fsync: bool) -> int:
         try:
             own = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                view = memoryview(bytearray(min(READ_CHUNK, size)))
-                value, done = 0, 0
-                while done < size:
-                    n = os.readv(own, [view[: size - done]])
-                    if n == 0:
-                        raise OSError(errno.EIO, f"the file ended {size - done} bytes early")
-                    value = crc32(view[:n], value)
-                    done += n
+                value, got = crc32_read(own, size)
             finally:
                 os.close(own)
+            if got < size:
+                raise OSError(errno.EIO, f"the file ended {size - got} bytes early")
             outcome.append(value)
         except BaseException as exc:  # handed to the saving thread below
             outcome.append(exc)
