@@ -336,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         "aggregate = all bytes / that; "
         "commit = rank 0's DCP `finish` (`.metadata`) plus the directory fsync.",
         "- Contention fit: universal scalability law X(N) = λN / (1 + σ(N-1) + κN(N-1)), "
-        "λ, σ, κ ≥ 0, by `scipy.optimize.least_squares` on log bandwidth (multiplicative noise).",
+        "λ, σ, κ ≥ 0, by `scipy.optimize.least_squares` on log bandwidth (multiplicative noise) "
+        "with a robust loss (`soft_l1`, residuals past ~10 % counted linearly), so that a repeat "
+        "the machine stalled does not drag the curve below every count's median; each repeat's "
+        "residual is kept.",
         "",
         "## Results (`ckptsim bench` output of this run)",
         "",
