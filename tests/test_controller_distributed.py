@@ -564,11 +564,12 @@ class _Position:
 
 
 def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, where: str) -> None:
-    """Session 1 saves step 1 on two ranks; session 2 restores it while ``where`` fails on rank
-    1 alone; each rank's time and outcome in ``out/rank<r>.txt`` (``timed_outcome``)."""
+    """Session 1 saves step 1 on two ranks; session 2 starts and restores it (and for some
+    cases saves step 2) while ``where`` fails on one rank alone (rank 1, or rank 0 for rank 0's
+    own work); each rank's time and outcome in ``out/rank<r>.txt`` (``timed_outcome``)."""
     import errno
 
-    from simulator.controller import AdaptiveCheckpointer, checkpointer
+    from simulator.controller import AdaptiveCheckpointer, checkpointer, runlog
     from simulator.controller import distributed as backend_module
     from simulator.controller.distributed import DistributedBackend
     from simulator.controller.integrity import CorruptCheckpoint
@@ -626,8 +627,32 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     dist.all_gather_object = measured
 
     def attempt() -> str:
+        if rank == 0 and where == "starting":  # its run log as the session starts; a filter
+
+            def full(*_args, **_kwargs):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            runlog.RunLog._append = full
+        if where == "starting":
+            warnings.filterwarnings("error", message="cannot write the run log")
         ckpt = controller(model)
+        if where == "finished":  # rank 0 reads whether the run had finished; a filter: fatal
+            if rank == 0:
+
+                def unreadable(*_args, **_kwargs):
+                    raise OSError(errno.EIO, "Input/output error")
+
+                runlog.read_events = unreadable
+            warnings.filterwarnings("error", message="cannot read the run log")
         step = ckpt.restore()
+        if where == "capturing":  # rank 1's data position cannot be read at the next save
+            if rank == 1:
+
+                def unreadable_position():
+                    raise ValueError("the data position cannot be read")
+
+                position.state_dict = unreadable_position
+            ckpt.save(2)
         if where == "logging":  # rank 0's run log fills its disk at a save; a filter: fatal
             if rank == 0:
 
@@ -679,6 +704,25 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             "the run log",
             "UserWarning: cannot write the run log",
         ),
+        (
+            "starting",  # rank 0 alone, logging the session's start: a filter makes it fatal
+            "RuntimeError: rank 0 failed reading the run log of {root}: UserWarning: cannot "
+            "write the run log",
+            "UserWarning: cannot write the run log",
+        ),
+        (
+            "finished",  # rank 0 alone, reading whether the run had finished at the step
+            "RuntimeError: rank 0 failed after restoring from {root}: UserWarning: cannot read "
+            "the run log",
+            "UserWarning: cannot read the run log",
+        ),
+        (
+            "capturing",  # rank 1 alone, before the save's collective write
+            "CheckpointWriteError: saving step 2 failed (the data position cannot be read); "
+            "the previous checkpoint",
+            "CheckpointWriteError: saving step 2 failed (rank 1 failed capturing its state for "
+            "step 2: ValueError: the data position cannot be read); the previous checkpoint",
+        ),
         pytest.param(
             "config",
             "IncompatibleCheckpoint: refusing to resume",
@@ -687,9 +731,7 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
         ),
     ],
 )
-def test_a_failure_on_one_rank_alone_during_a_restore_reaches_every_rank_at_once(
-    tmp_path, where, own, others
-):
+def test_a_failure_on_one_rank_alone_reaches_every_rank_at_once(tmp_path, where, own, others):
     # Rank 1 alone failed before DCP's collective load (the other rank waited in it and then
     # called the checkpoint corrupt) or while loading its own objects or checking its
     # configuration after it (the other rank waited in the next broadcast): both until the

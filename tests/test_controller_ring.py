@@ -859,3 +859,53 @@ def test_three_ddp_ranks_resumed_from_the_persistent_tier_are_bit_exact(tmp_path
     assert [r["start"] for r in resumed] == [8, 8, 8]
     assert resumed[0]["stats"]["restored_tier"] == "persistent"
     _assert_bit_exact(reference, resumed)
+
+
+def _save_while_rank_one_cannot_drop_a_dead_branch(rank: int, port: int, base: str, out: str):
+    """Session 1 takes a local snapshot; session 2 saves without restoring (a new branch of the
+    run), and rank 1 alone cannot list its local tier to drop session 1's snapshot, a warning
+    the run's filter makes an error. Each rank's time and outcome in ``out/rank<r>.txt``."""
+    import errno
+    from datetime import timedelta
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    model, now = torch.nn.Linear(2, 2), [0.0]
+    first = _ring_checkpointer(base, model, None, now)
+    first.save(2, tier="local")
+    first.close(finished=False)
+    ckpt = _ring_checkpointer(base, model, None, now)
+    if rank == 1:
+
+        def unreadable(*_args, **_kwargs):
+            raise OSError(errno.EIO, "Input/output error")
+
+        ckpt.local.storage.list = unreadable
+    warnings.filterwarnings("error", message="local tier: cannot remove")
+
+    def attempt() -> str:
+        ckpt.save(4)
+        return "saved 4"
+
+    timed_outcome(rank, 2, Path(out), attempt)
+    dist.destroy_process_group()
+
+
+def test_a_warning_made_fatal_on_one_rank_while_dropping_a_dead_branch_reaches_every_rank(
+    tmp_path,
+):
+    # Each rank drops its own snapshots of the run's earlier branch; a warning there that a
+    # filter turns into an error used to leave that rank with it and the other waiting in the
+    # save's collective write.
+    args = (free_port(), str(tmp_path), str(tmp_path))
+    mp.start_processes(
+        _save_while_rank_one_cannot_drop_a_dead_branch, args=args, nprocs=2, start_method="fork"
+    )
+    said = {r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(2)}
+    warning = "UserWarning: local tier: cannot remove the snapshots of an earlier branch in"
+    assert said[1][1].startswith(warning), said
+    assert said[0][1].startswith(
+        f"RuntimeError: rank 1 failed removing the snapshots of an earlier branch: {warning}"
+    ), said
+    assert all(float(took) < 30 for took, _ in said.values()), said  # at once, not at a timeout

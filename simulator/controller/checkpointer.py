@@ -89,7 +89,12 @@ from simulator.controller.precision import (
 )
 from simulator.controller.runlog import RunLog, failures_by_class
 from simulator.controller.schedule import DEFAULT_MTBF_S, Estimates, Schedule
-from simulator.controller.shared_failure import describe, gather_work, raise_described
+from simulator.controller.shared_failure import (
+    describe,
+    failing_together,
+    gather_work,
+    raise_described,
+)
 from simulator.controller.state import (
     capture_state,
     check_state,
@@ -364,20 +369,23 @@ class AdaptiveCheckpointer(TierMixin):
         self.local: LocalTier | None = None
         if self._local_dir is not None:
             self.local = open_local_tier(self)
-        if is_rank0:
-            evidence = self.runlog.evidence()
-            if self.local is None:
-                self.schedule.set_history(evidence.failures, evidence.exposure_s)
-            else:
-                by_class = failures_by_class(
-                    self.runlog.events(),
-                    exclude_session=self.runlog.session,
-                    local_found=self.local.found,
-                )
-                self.schedule.set_history(evidence.failures, evidence.exposure_s, by_class)
         self._session_start = clock()
-        # records_train: this session writes "train" at its first step (runlog module).
-        self.runlog.append("start", session_s=0.0, records_train=True, **self._start_fields())
+        # Rank 0's: a warning here that a filter makes an error must reach every rank, which
+        # would otherwise wait for rank 0 in the restore.
+        with failing_together(self.backend, f"reading the run log of {self.root}"):
+            if is_rank0:
+                evidence = self.runlog.evidence()
+                if self.local is None:
+                    self.schedule.set_history(evidence.failures, evidence.exposure_s)
+                else:
+                    by_class = failures_by_class(
+                        self.runlog.events(),
+                        exclude_session=self.runlog.session,
+                        local_found=self.local.found,
+                    )
+                    self.schedule.set_history(evidence.failures, evidence.exposure_s, by_class)
+            # records_train: this session writes "train" at its first step (runlog module).
+            self.runlog.append("start", session_s=0.0, records_train=True, **self._start_fields())
         self._began = False
 
         self.resumed_from: int | None = None
@@ -521,16 +529,22 @@ class AdaptiveCheckpointer(TierMixin):
         self._measure_iterations(step)
         error: BaseException | None = None
         try:
-            state = capture_state(
-                step=step, config=self.config, backend=self.backend, **self._objects
-            )
-            state["controller"] = vars(self.schedule.estimates())
-            self._add_tier_state(state)
             # A ring's local save exchanges copies between ranks: on the training thread.
-            if self.async_save and not self._sync_only and not (tier == LOCAL and self._ring):
-                staged, buffers = stage(state, reuse=self._free_staging())
+            ring = tier == LOCAL and self._ring is not None
+            background = self.async_save and not self._sync_only and not ring
+            # A rank whose capture fails must not leave the others in the collective write.
+            with failing_together(self.backend, f"capturing its state for step {step}"):
+                state = capture_state(
+                    step=step, config=self.config, backend=self.backend, **self._objects
+                )
+                state["controller"] = vars(self.schedule.estimates())
+                self._add_tier_state(state)
+                buffers = None
+                if background:
+                    state, buffers = stage(state, reuse=self._free_staging())
+            if background:
                 self._inflight_step, self._inflight_tier = step, tier
-                self._inflight = self._pool().submit(self._write_in_background, step, staged, tier)
+                self._inflight = self._pool().submit(self._write_in_background, step, state, tier)
                 self._staging = (buffers, self._inflight)
             else:
                 self._write_and_commit(step, state, tier)
@@ -709,20 +723,26 @@ class AdaptiveCheckpointer(TierMixin):
             raise
         finally:
             self.storage.drop_local_copies()  # an object store's downloads
-        due, failed = None, None
-        try:  # rank 0's warnings and run log, then the due step everyone takes from it
+
+        # Rank 0's warnings and run log, every rank's tiers; a failure on any rank raised on
+        # all; then rank 0's due step and verdict for everyone.
+        due, marked = None, False
+        with failing_together(self.backend, f"after restoring from {self.root}"):
             self._restored(step)
             self._warn_of_what_retention_keeps()
             now = self.clock()
             self._mark_step, self._mark_t = step, now
+            if self.backend.rank == 0 and step > 0:  # whether the run had finished there
+                marked = any(
+                    e["event"] == "finished" and e.get("step") == step for e in self.runlog.events()
+                )
             self.runlog.append(
                 "restore", session_s=now - self._session_start, step=step, **self._restore_fields()
             )
             due = self._due_after_restore(step, now - self._session_start)
-        except BaseException as exc:  # the others must not wait in the broadcast for it
-            failed = exc
-        self._set_due(int(self._share(due, failed, f"after restoring from {self.root}")))
-        self._after_restore(step)
+        due, marked = self._broadcast_point(step, (due, marked))
+        self._set_due(int(due))
+        self._after_restore(step, bool(marked))
         return step
 
     def _load_newest(self) -> int:
@@ -1218,15 +1238,9 @@ class AdaptiveCheckpointer(TierMixin):
         )
         return name
 
-    def _after_restore(self, step: int) -> None:
-        """Agree on whether the run had finished at ``step``, and start the check points."""
-        marked = False
-        if self.backend.rank == 0 and step > 0:
-            marked = any(
-                e["event"] == "finished" and e.get("step") == step for e in self.runlog.events()
-            )
-        marked = bool(self._broadcast_point(step, marked))
-        self._set_due(self._planned_due)
+    def _after_restore(self, step: int, marked: bool) -> None:
+        """After the restore's broadcast: ``marked``, rank 0 found the run finished at
+        ``step``."""
         if step > 0:
             self._saved_step = step
         self.finished = marked and (self.total_steps is None or step >= self.total_steps)

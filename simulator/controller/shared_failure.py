@@ -9,12 +9,15 @@ its kind (:data:`KINDS`) that quotes it. One description (:func:`describe`) and 
 raising it (:func:`raise_described`) for the broadcasts from rank 0 (the checkpointer's
 ``_share``) and the all-gathers of the ranks' own work (:func:`gather_work`: each rank's own
 snapshot in a ring, its part of a checkpoint before DCP's collective load, its restore of its
-own objects).
+own objects; :func:`failing_together` for work done inline: rank 0's reading of the run log
+as a session starts, the restore's last steps, a save's capture of the state, dropping a dead
+branch's snapshots).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from simulator import ckptio
@@ -66,6 +69,30 @@ def gather_work(
         value = work()
     except BaseException as exc:  # an interrupt too: the others must not wait
         failed = exc
+    return _gathered(gather, value, failed, doing, rank)
+
+
+@contextmanager
+def failing_together(backend: Any, doing: str) -> Iterator[None]:
+    """A failure of the body (``doing``) on any rank raised on every rank, as
+    :func:`gather_work` does: the failing rank raises its own, the others one of its kind that
+    quotes it. Collective where the ``backend`` has several ranks (an all-gather after the
+    body); with one, the body's failure passes through. The body runs inline, so the warnings
+    it gives name the frames they did without it."""
+    failed = None
+    try:
+        yield
+    except BaseException as exc:  # an interrupt too: the others must not wait
+        failed = exc
+    if backend.world_size > 1:
+        _gathered(backend.all_gather, None, failed, doing, backend.rank)
+    elif failed is not None:
+        raise failed
+
+
+def _gathered(
+    gather: Callable[[Any], list], value: Any, failed: BaseException | None, doing: str, rank: int
+) -> list:
     gathered = gather((value, None if failed is None else describe(failed, doing, rank)))
     if failed is not None:
         raise failed

@@ -47,6 +47,7 @@ from simulator.controller.local_tier import (
     superseded,
 )
 from simulator.controller.schedule import DEFAULT_MTBF_S
+from simulator.controller.shared_failure import failing_together
 from simulator.controller.state import check_state
 from simulator.controller.storage import (
     apply_retention,
@@ -436,7 +437,9 @@ class TierMixin:
             return
         self._run_record = new
         self.local.generation, self.local.branch = new.generation, new.branch
-        self._drop_superseded()
+        # Its warning, which a filter may make fatal on one rank alone, heard on every rank.
+        with failing_together(self.backend, "removing the snapshots of an earlier branch"):
+            self._drop_superseded()
 
     def _disable_local(self, why: str) -> None:
         """The local tier off for the session: its new branch could not be recorded."""
