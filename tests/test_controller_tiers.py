@@ -659,3 +659,47 @@ def test_a_branch_that_cannot_be_recorded_turns_the_local_tier_off_even_if_its_w
     ck.save(2, tier="local")  # no snapshot under a branch the run could not record
     assert not list((tmp_path / "local").rglob("step-*"))
     ck.close(finished=False)
+
+
+@pytest.mark.parametrize("via", ["save", "restore"])
+@pytest.mark.parametrize(
+    ("fails", "said"),
+    [("recording", "local tier disabled"), ("dropping", "cannot remove the snapshots")],
+)
+def test_a_new_branchs_warnings_name_the_users_call(tmp_path, monkeypatch, via, fails, said):
+    # A session's first save, or a restore from the persistent tier, starts a new branch of the
+    # run; what goes wrong there is warned about at the user's line, whichever call it was.
+    import errno
+
+    from simulator.controller import tiered
+
+    def checkpointer():
+        return AdaptiveCheckpointer(
+            tmp_path / "ckpt",
+            model=torch.nn.Linear(4, 2),
+            local_dir=str(tmp_path / "local"),
+            policy=TierSchedule({"local": 1e6, "persistent": 1e6}),
+        )
+
+    first = checkpointer()
+    first.save(1, tier="local")  # a snapshot of the first branch, then a newer persistent one
+    first.save(2)
+    first.close(finished=False)
+    ck = checkpointer()
+    if fails == "recording":
+        monkeypatch.setattr(tiered, "next_generation", lambda *a, **k: (None, "a read-only disk"))
+    else:
+
+        def unreadable(*_args, **_kwargs):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(tiered, "delete_checkpoint", unreadable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if via == "save":
+            ck.save(3)
+        else:
+            assert ck.restore() == 2
+    (warning,) = [w for w in caught if said in str(w.message)]
+    assert warning.filename == __file__, (warning.filename, warning.lineno)
+    ck.close(finished=False)

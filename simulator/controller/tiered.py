@@ -403,12 +403,15 @@ class TierMixin:
             return "foreign", f"it belongs to run {owner!r}, not to this run ({self.local.run_id})"
         return superseded(tiered, self.local.generation, self.local.branch)
 
-    def _settle_generation(self) -> None:
+    def _settle_generation(self, frames: int = 0) -> None:
         """Once a session, before it saves anything: unless it went on from the local tier,
         it starts a new branch of the run (:mod:`~simulator.controller.local_tier`,
         "Branches"), so every rank's snapshots from now on record a new generation. When that
         cannot be recorded, the local tier is off for the session (a snapshot of the new branch
-        could not be told from the old one's)."""
+        could not be told from the old one's).
+
+        ``frames``: the checkpointer's frames between the user's call and this one beyond
+        save()'s own, so that its warnings name the user's line (restore() has two more)."""
         if self.local is None or self._generation_settled:
             return
         self._generation_settled = True
@@ -427,7 +430,7 @@ class TierMixin:
                 warnings.warn(
                     f"local tier disabled for this session: {self.local.disabled}; "
                     "checkpoints go to the persistent tier only",
-                    stacklevel=6,
+                    stacklevel=5 + frames,
                 )
             return new, why
 
@@ -439,14 +442,14 @@ class TierMixin:
         self.local.generation, self.local.branch = new.generation, new.branch
         # Its warning, which a filter may make fatal on one rank alone, heard on every rank.
         with failing_together(self.backend, "removing the snapshots of an earlier branch"):
-            self._drop_superseded()
+            self._drop_superseded(stacklevel=4 + frames)
 
     def _disable_local(self, why: str) -> None:
         """The local tier off for the session: its new branch could not be recorded."""
         self.local.disabled = f"the run's new branch cannot be recorded ({why})"
         self.schedule.local_enabled = False
 
-    def _drop_superseded(self) -> None:
+    def _drop_superseded(self, stacklevel: int) -> None:
         """Delete this rank's local snapshots of earlier generations: no restore takes them
         (they are dead branches), retention would count them as the newest, and a RAM-backed
         tier must not keep what can never be used."""
@@ -465,7 +468,7 @@ class TierMixin:
                 warnings.warn(
                     f"local tier: cannot remove the snapshots of an earlier branch in "
                     f"{store.describe()}: {exc}",
-                    stacklevel=5,
+                    stacklevel=stacklevel,
                 )
         if dropped:
             logger.info(
@@ -610,7 +613,7 @@ class TierMixin:
         return self.schedule.restart(step, persistent)
 
     def _after_tiered_restore(self, step: int) -> None:
-        self._settle_generation()
+        self._settle_generation(frames=2)  # under _after_restore, under restore
         if self.local is not None and self.restored_tier == LOCAL:
             self._local_saved = step
             # Rank 0's view (it moved rejected ones aside).
