@@ -569,6 +569,7 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     own work); each rank's time and outcome in ``out/rank<r>.txt`` (``timed_outcome``)."""
     import errno
 
+    from simulator.ckptio import CheckpointWriteError
     from simulator.controller import AdaptiveCheckpointer, checkpointer, runlog
     from simulator.controller import distributed as backend_module
     from simulator.controller.distributed import DistributedBackend
@@ -653,6 +654,14 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
                 position.state_dict = unreadable_position
             ckpt.save(2)
+        if where == "moving":  # rank 0 cannot move aside a rejected step-2 the save replaces
+            if rank == 0:
+
+                def kept(step):
+                    raise CheckpointWriteError(f"step {step} cannot be moved aside")
+
+                ckpt._keep_rejected = kept
+            ckpt.save(2)
         if where == "logging":  # rank 0's run log fills its disk at a save; a filter: fatal
             if rank == 0:
 
@@ -720,8 +729,15 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             "capturing",  # rank 1 alone, before the save's collective write
             "CheckpointWriteError: saving step 2 failed (the data position cannot be read); "
             "the previous checkpoint",
-            "CheckpointWriteError: saving step 2 failed (rank 1 failed capturing its state for "
+            "CheckpointWriteError: saving step 2 failed (rank 1 failed preparing the save of "
             "step 2: ValueError: the data position cannot be read); the previous checkpoint",
+        ),
+        (
+            "moving",  # rank 0 alone, before the save's collective write
+            "CheckpointWriteError: saving step 2 failed (rank 0 failed preparing the save of "
+            "step 2: CheckpointWriteError: step 2 cannot be moved aside); the previous checkpoint",
+            "CheckpointWriteError: saving step 2 failed (step 2 cannot be moved aside); the "
+            "previous checkpoint",
         ),
         pytest.param(
             "config",

@@ -532,8 +532,11 @@ class AdaptiveCheckpointer(TierMixin):
             # A ring's local save exchanges copies between ranks: on the training thread.
             ring = tier == LOCAL and self._ring is not None
             background = self.async_save and not self._sync_only and not ring
-            # A rank whose capture fails must not leave the others in the collective write.
-            with failing_together(self.backend, f"capturing its state for step {step}"):
+            # A rank whose capture fails, or rank 0 unable to move aside a rejected checkpoint
+            # this save would replace, must not leave the others in the collective write.
+            with failing_together(self.backend, f"preparing the save of step {step}"):
+                if tier == PERSISTENT and not self.read_only and self.backend.rank == 0:
+                    self._keep_rejected(step)
                 state = capture_state(
                     step=step, config=self.config, backend=self.backend, **self._objects
                 )
@@ -683,8 +686,6 @@ class AdaptiveCheckpointer(TierMixin):
                 "give a writable directory to save"
             )
         t0 = self.clock()
-        if self.backend.rank == 0:
-            self._keep_rejected(step)
         write_and_commit(
             self.root, self.storage, self.backend, step, state, barriers=not self.async_save
         )
