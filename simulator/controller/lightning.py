@@ -145,6 +145,18 @@ class _TrainerBackend:
     def broadcast(self, obj):
         return self.trainer.strategy.broadcast(obj, src=0)
 
+    def all_gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order: torch.distributed's object all-gather, the
+        process group Lightning's multi-process strategies run on (the controller gathers each
+        rank's failure of its own work, ``shared_failure.failing_together``)."""
+        import torch.distributed as dist
+
+        if self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         self.trainer.strategy.barrier("ckptsim")
 
