@@ -656,19 +656,24 @@ def test_a_branch_that_cannot_be_recorded_turns_the_local_tier_off_even_if_its_w
             ck.save(1, tier="local")
     assert ck.local.disabled == "the run's new branch cannot be recorded (a read-only disk)"
     assert not ck.schedule.local_enabled
-    ck.save(2, tier="local")  # no snapshot under a branch the run could not record
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ck.save(2, tier="local")  # no snapshot under a branch the run could not record
+    (warning,) = [w for w in caught if "local tier: saving step 2" in str(w.message)]
+    assert warning.filename == __file__  # the user's save() line
     assert not list((tmp_path / "local").rglob("step-*"))
     ck.close(finished=False)
 
 
-@pytest.mark.parametrize("via", ["save", "restore"])
+@pytest.mark.parametrize("via", ["save", "restore", "close"])
 @pytest.mark.parametrize(
     ("fails", "said"),
     [("recording", "local tier disabled"), ("dropping", "cannot remove the snapshots")],
 )
 def test_a_new_branchs_warnings_name_the_users_call(tmp_path, monkeypatch, via, fails, said):
-    # A session's first save, or a restore from the persistent tier, starts a new branch of the
-    # run; what goes wrong there is warned about at the user's line, whichever call it was.
+    # A session's first save (its own, or close()'s final one), or a restore from the
+    # persistent tier, starts a new branch of the run; what goes wrong there is warned about at
+    # the user's line, whichever call it was.
     import errno
 
     from simulator.controller import tiered
@@ -698,8 +703,11 @@ def test_a_new_branchs_warnings_name_the_users_call(tmp_path, monkeypatch, via, 
         warnings.simplefilter("always")
         if via == "save":
             ck.save(3)
-        else:
+        elif via == "restore":
             assert ck.restore() == 2
+        else:  # the session's first save is close()'s final one
+            ck.step(3)
+            ck.close()
     (warning,) = [w for w in caught if said in str(w.message)]
     assert warning.filename == __file__, (warning.filename, warning.lineno)
     ck.close(finished=False)

@@ -25,6 +25,7 @@ import math
 import warnings
 from typing import Any
 
+from simulator.controller._warn import user_stacklevel
 from simulator.controller.commit import (
     REJECTED,
     choose_checkpoint,
@@ -302,7 +303,7 @@ class TierMixin:
             problem = self._ring.save(step, state)  # raises when a rank's own write failed
             if problem is not None:
                 logger.warning("local tier: %s", problem)
-                warnings.warn(f"local tier: {problem}", stacklevel=2)
+                warnings.warn(f"local tier: {problem}", stacklevel=user_stacklevel())
         else:
             write_and_commit(local.dir, local.storage, self.backend, step, state, barriers=False)
         self.local_last_saved_step = step
@@ -315,7 +316,7 @@ class TierMixin:
                 resumed_from=self.resumed_from if self.restored_tier == LOCAL else None,
             )
         except OSError as exc:
-            warnings.warn(f"local tier retention failed: {exc}", stacklevel=2)
+            warnings.warn(f"local tier retention failed: {exc}", stacklevel=user_stacklevel())
 
     def _local_failed(self, step: int, exc) -> None:
         message = (
@@ -323,7 +324,7 @@ class TierMixin:
             f"persistent tier is unaffected (newest: {self._last_good()}) and training goes on"
         )
         logger.warning("%s", message)
-        warnings.warn(message, stacklevel=4)
+        warnings.warn(message, stacklevel=user_stacklevel())
 
     # -- restoring --------------------------------------------------------------------------
     def _tier_storage(self, tier: str):
@@ -403,15 +404,12 @@ class TierMixin:
             return "foreign", f"it belongs to run {owner!r}, not to this run ({self.local.run_id})"
         return superseded(tiered, self.local.generation, self.local.branch)
 
-    def _settle_generation(self, frames: int = 0) -> None:
+    def _settle_generation(self) -> None:
         """Once a session, before it saves anything: unless it went on from the local tier,
         it starts a new branch of the run (:mod:`~simulator.controller.local_tier`,
         "Branches"), so every rank's snapshots from now on record a new generation. When that
         cannot be recorded, the local tier is off for the session (a snapshot of the new branch
-        could not be told from the old one's).
-
-        ``frames``: the checkpointer's frames between the user's call and this one beyond
-        save()'s own, so that its warnings name the user's line (restore() has two more)."""
+        could not be told from the old one's)."""
         if self.local is None or self._generation_settled:
             return
         self._generation_settled = True
@@ -430,7 +428,7 @@ class TierMixin:
                 warnings.warn(
                     f"local tier disabled for this session: {self.local.disabled}; "
                     "checkpoints go to the persistent tier only",
-                    stacklevel=5 + frames,
+                    stacklevel=user_stacklevel(),
                 )
             return new, why
 
@@ -442,14 +440,14 @@ class TierMixin:
         self.local.generation, self.local.branch = new.generation, new.branch
         # Its warning, which a filter may make fatal on one rank alone, heard on every rank.
         with failing_together(self.backend, "removing the snapshots of an earlier branch"):
-            self._drop_superseded(stacklevel=4 + frames)
+            self._drop_superseded()
 
     def _disable_local(self, why: str) -> None:
         """The local tier off for the session: its new branch could not be recorded."""
         self.local.disabled = f"the run's new branch cannot be recorded ({why})"
         self.schedule.local_enabled = False
 
-    def _drop_superseded(self, stacklevel: int) -> None:
+    def _drop_superseded(self) -> None:
         """Delete this rank's local snapshots of earlier generations: no restore takes them
         (they are dead branches), retention would count them as the newest, and a RAM-backed
         tier must not keep what can never be used."""
@@ -468,7 +466,7 @@ class TierMixin:
                 warnings.warn(
                     f"local tier: cannot remove the snapshots of an earlier branch in "
                     f"{store.describe()}: {exc}",
-                    stacklevel=stacklevel,
+                    stacklevel=user_stacklevel(),
                 )
         if dropped:
             logger.info(
@@ -613,7 +611,7 @@ class TierMixin:
         return self.schedule.restart(step, persistent)
 
     def _after_tiered_restore(self, step: int) -> None:
-        self._settle_generation(frames=2)  # under _after_restore, under restore
+        self._settle_generation()
         if self.local is not None and self.restored_tier == LOCAL:
             self._local_saved = step
             # Rank 0's view (it moved rejected ones aside).
