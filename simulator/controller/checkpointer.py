@@ -743,7 +743,7 @@ class AdaptiveCheckpointer(TierMixin):
             due = self._due_after_restore(step, now - self._session_start)
         due, marked = self._broadcast_point(step, (due, marked))
         self._set_due(int(due))
-        self._after_restore(step, bool(marked))
+        self._after_restore(step, marked)
         return step
 
     def _load_newest(self) -> int:

@@ -157,8 +157,9 @@ def fit_contention(writers, aggregate_bytes_per_s, *, max_shard_bytes: float = 0
     Fitted on log bandwidth (noise is multiplicative here too) with a robust loss (``soft_l1``,
     residuals past ~10 % counted linearly rather than squared): a shared machine now and then
     stalls one repeat for seconds, and with squares five repeats a count, one of them stalled
-    to a tenth of the rest, put the curve 35-50 % below the median of every count (the
-    committed scale run, 2026-12-07). Needs two or more writer counts.
+    to a tenth of the rest, put the raw writers' curve 35-52 % below the median of every count
+    (the scale run of 2026-12-07 13:56 UTC; refitted ad hoc, the robust curve came within
+    -9 % to +7 % of those medians). Needs two or more writer counts.
     """
     n = np.asarray(writers, dtype=float)
     x = np.asarray(aggregate_bytes_per_s, dtype=float)
