@@ -1256,6 +1256,27 @@ def test_the_save_phases_experiment_splits_each_timed_write_and_leaves_nothing(t
     assert patched() == before  # every timer taken out again
 
 
+def test_the_save_crc_experiment_times_each_way_of_taking_the_crc(tmp_path, capsys, monkeypatch):
+    from experiments import save_crc
+    from simulator.ckptio import layout as ckptio_layout
+    from simulator.ckptio import write
+
+    read_back = []
+    real_read = write.crc32_read
+    monkeypatch.setattr(write, "crc32_read", lambda *a: read_back.append(a) or real_read(*a))
+    work, report = tmp_path / "work", tmp_path / "crc.md"
+    work.mkdir()
+    argv = ["--size", "300K", "--rounds", "6", "--dir", str(work), "--no-warm-memory"]
+    assert save_crc.main([*argv, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert len(read_back) == 1 + 6  # the read-back way only: its untimed first save, 6 rounds
+    assert all(f"{way:9s} quartiles" in out for way in save_crc.WAYS)
+    assert "raw/tensors   median ratio" in out and "adds to no-crc" in out
+    assert all(line in report.read_text() for line in out.splitlines()[:-1])  # "wrote ..."
+    assert list(work.iterdir()) == []
+    assert write.crc32_combine is not None and write.crc32 is ckptio_layout.crc32  # undone
+
+
 def test_the_carry_over_experiment_times_the_save_after_each_kind_of_job(tmp_path, capsys):
     from experiments import carry_over
 
