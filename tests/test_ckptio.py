@@ -116,86 +116,10 @@ def test_a_listed_file_that_ends_early_while_verified_is_corrupt(tmp_path, monke
         verify_checkpoint(tmp_path / "ck")
 
 
-def test_the_saves_crc_comes_from_the_tensors_memory_and_equals_the_files(tmp_path, monkeypatch):
-    # Mixed dtypes in an order the library's (dtype, then name) order does not keep: the
-    # tensors' CRCs must be put together in the file's order. No read-back may be needed.
-    def no_read_back(*_):
-        raise AssertionError("the file was read back for its CRC")
-
-    monkeypatch.setattr(ckptio.write, "crc32_read", no_read_back)
-    state = {"z.first": torch.arange(5, dtype=torch.int8), **_state(), "a.last": torch.ones(3)}
-    manifest = write_checkpoint(tmp_path / "ck", state, META)
-    data = (tmp_path / "ck" / ckptio.TENSOR_FILE).read_bytes()
-    assert manifest["files"][ckptio.TENSOR_FILE]["crc32"] == zlib.crc32(data)
-    verify_checkpoint(tmp_path / "ck")
-
-
-def _append_a_byte(real):
-    def serialize_file(specs, file, **kw):  # a layout the save does not expect: read back
-        real(specs, file, **kw)
-        with open(file, "ab") as f:
-            f.write(b" ")
-
-    return serialize_file
-
-
-@pytest.mark.parametrize("why", ["no crc32_combine", "a tensor's CRC failed", "other layout"])
-def test_without_the_tensors_crc_the_save_reads_its_file_back(tmp_path, monkeypatch, why):
-    if why == "no crc32_combine":  # ISA-L missing: Python's zlib has no crc32_combine
-        monkeypatch.setattr(ckptio.write, "crc32_combine", None)
-    elif why == "a tensor's CRC failed":
-        real_bytes_of = ckptio.write.bytes_of
-
-        def bytes_of(t):
-            if t.dtype == torch.bool:
-                raise RuntimeError("no bytes")
-            return real_bytes_of(t)
-
-        monkeypatch.setattr(ckptio.write, "bytes_of", bytes_of)
-    else:
-        monkeypatch.setattr(
-            ckptio.write, "serialize_file", _append_a_byte(ckptio.write.serialize_file)
-        )
-    read_back = []
-    real_read = ckptio.write.crc32_read
-    monkeypatch.setattr(ckptio.write, "crc32_read", lambda *a: read_back.append(a) or real_read(*a))
-    manifest = write_checkpoint(tmp_path / "ck", _state(), META, fsync=False)
-    data = (tmp_path / "ck" / ckptio.TENSOR_FILE).read_bytes()
-    assert manifest["files"][ckptio.TENSOR_FILE]["crc32"] == zlib.crc32(data)
-    assert len(read_back) == 1
-
-
-def test_a_tensor_changed_while_its_file_is_written_fails_at_restore(tmp_path, monkeypatch):
-    # A misuse (another thread writing a tensor during a synchronous save) that the CRC of
-    # the tensors, unlike a CRC of the file read back, leaves visible: the file holds the new
-    # bytes, the manifest the CRC of the old, so a restore refuses the checkpoint.
-    state = _state()
-    counted = threading.Event()
-    real_crc_each, real_save = ckptio.write._crc_each, ckptio.write.serialize_file
-
-    def crc_each(tensors, into):
-        real_crc_each(tensors, into)
-        counted.set()
-
-    def serialize_file(specs, file, **kw):
-        assert counted.wait(10)
-        state["model.w"][0, 0] += 1  # the same memory the specs point at
-        real_save(specs, file, **kw)
-
-    monkeypatch.setattr(ckptio.write, "_crc_each", crc_each)
-    monkeypatch.setattr(ckptio.write, "serialize_file", serialize_file)
-    write_checkpoint(tmp_path / "ck", state, META, fsync=False)
-    with pytest.raises(CorruptCheckpoint, match="CRC"):
-        verify_checkpoint(tmp_path / "ck")
-
-
 @pytest.mark.parametrize("fault", ["EIO", "short"])
 def test_a_failed_read_back_for_the_crc_is_a_clean_write_error(tmp_path, monkeypatch, fault):
-    # Where the save reads its file back for the CRC (no crc32_combine here), a read error
-    # there (a failing disk under a page evicted meanwhile) or a file cut short fails the save
-    # like any write error.
-    monkeypatch.setattr(ckptio.write, "crc32_combine", None)
-
+    # The CRC thread reads the file just written; a read error there (a failing disk under a
+    # page evicted meanwhile) or a file cut short fails the save like any write error.
     def readv(fd, buffers):
         if fault == "EIO":
             raise OSError(errno.EIO, os.strerror(errno.EIO))
@@ -228,7 +152,6 @@ def test_a_save_interrupted_while_its_crc_is_read_leaves_no_reader_on_another_fi
 
     monkeypatch.setattr(ckptio.layout, "READ_CHUNK", 4096)
     monkeypatch.setattr(ckptio.write.os, "readv", slow_readv)
-    monkeypatch.setattr(ckptio.write, "crc32_combine", None)  # the save reads its file back
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)

@@ -24,17 +24,9 @@ VERSION = 1
 _TEMP_MARK = ".tmp-"
 
 try:  # ISA-L's CRC-32: the same polynomial and values as zlib's, ~4x faster (carry-less mul)
-    from isal import isal_zlib
-
-    crc32 = isal_zlib.crc32
+    from isal.isal_zlib import crc32
 except ImportError:  # no wheel for this platform: zlib's, slower but identical
     from zlib import crc32
-
-    isal_zlib = None
-crc32_combine = getattr(isal_zlib, "crc32_combine", None)
-"""``crc32_combine(a, b, len_b)``: the CRC-32 of two byte strings end to end from theirs (zlib's
-function, which Python's ``zlib`` does not offer); None without it, and a save then reads its
-file back for the CRC (:func:`simulator.ckptio.write._write_tensor_file`)."""
 
 MAX_MANIFEST_BYTES = 64 << 20
 """A manifest is ~60 bytes per file: this allows a million files and refuses a planted giant."""

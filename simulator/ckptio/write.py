@@ -26,14 +26,9 @@ from simulator.ckptio.layout import (
     TORCH_DTYPES,
     VERSION,
     CheckpointWriteError,
-    CorruptCheckpoint,
-    bytes_of,
     crc32,
-    crc32_combine,
     crc32_read,
     fsync_dir,
-    header_entries,
-    read_header,
 )
 
 
@@ -196,31 +191,24 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     (``reports/save-overhead.md``). The tensors stay referenced by ``tensors`` until the call
     returns.
 
-    The CRC-32 is taken from the tensors' memory by a thread while the library writes them
-    (:func:`_crc_each`; the library's writer releases the GIL, and so does ISA-L's CRC), then
-    put together in the file's order, read from the header the library wrote, with
-    ``crc32_combine`` (:func:`_file_crc`): the same value a read of the file gives, at no cost
-    to the save but ~0.3 ms of Python for a 290 MB state's 353 tensors. It was read back from
-    the file while the file was flushed (:func:`_crc_while_flushing`, still the way where
-    ``crc32_combine`` is missing or the file's layout is not the one expected). In
-    ``reports/save-crc.md`` (120 rounds at 290 MB, ``experiments/save_crc.py``) neither way
-    cost the save a time that stood out of the noise against no CRC at all: +2.1 ms [-3.8,
-    +7.5] this way, +0.4 ms [-3.7, +3.7] reading back. A checksum of the tensors rather than of the file: a tensor changed by
-    another thread while the file is written (a misuse: the save reads the live tensors; an
-    async save reads its own staged copies) leaves a file whose CRC can fail at restore, which
-    then falls back to an earlier checkpoint, where a CRC of the file read back vouched for
-    the torn bytes. A hand-written writer, gather writes with the write-back started behind
-    each 64 MB, was tried and dropped: on this project's machines it was no faster once the
-    write-back was left out, and with it a save now and then stalled for 3-5x as long.
+    The CRC-32 is computed in a thread from the file just written, read back from the page
+    cache (:func:`_crc_while_flushing`), while the file is flushed to the device: the value a
+    read of the file gives, without a second pass over the disk and without per-tensor work
+    in Python. (It was computed from the tensors' memory in the order of the file's header,
+    read back for that: the same bytes, with ~3 ms more of Python for a 290 MB state's 353
+    tensors, timed ad hoc. Taken from the tensors' memory by a thread during the write instead,
+    put together in the file's order with ``crc32_combine``, it gained nothing out of the
+    noise: ``reports/save-crc.md``, commit 0039c9d, where neither way cost a 290 MB save a
+    time that stood out against no CRC at all.) The checksum vouches for the file's bytes as written: a tensor
+    changed by another thread while the file was written (a misuse: the save reads the live
+    tensors; an async save reads its own staged copies) leaves a torn checkpoint whose CRC
+    matches, where a CRC taken from memory after the write caught it at restore when the
+    change fell between the two reads. A hand-written writer, gather writes with the
+    write-back started behind each 64 MB, was tried and dropped: on this project's machines it
+    was no faster once the write-back was left out, and with it a save now and then stalled
+    for 3-5x as long.
     """
     specs = {name: _spec(t) for name, t in tensors.items()}
-    crcs: dict[str, int] = {}
-    thread = None
-    if crc32_combine is not None:
-        thread = threading.Thread(
-            target=_crc_each, args=(tensors, crcs), name="ckptio-crc", daemon=True
-        )
-        thread.start()
     try:
         serialize_file(specs, file, metadata={"format": "pt"})
     except SafetensorError as exc:
@@ -228,62 +216,19 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
         found = re.search(r"os error (\d+)", str(exc))
         code = int(found.group(1)) if found else errno.EIO
         raise OSError(code, os.strerror(code) if found else str(exc)) from exc
-    finally:
-        if thread is not None:
-            thread.join()  # bounded: one pass over the tensors' memory
     # The library writes a temporary file of mode 0600 and renames it (safetensors 0.8): the
     # tensors would be the one file of a checkpoint that the owner's group, an evaluation job
     # under another account, cannot read. It gets the mode of the checkpoint's other files.
     os.chmod(file, FILE_MODE & ~_umask())
     with open(file, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        known = _file_crc(f, size, file, tensors, crcs) if len(crcs) == len(tensors) else None
-        value = _crc_while_flushing(file, f.fileno(), size, fsync=fsync, known=known)
+        value = _crc_while_flushing(file, f.fileno(), size, fsync=fsync)
     return {"bytes": size, "crc32": value}
 
 
-def _crc_each(tensors: dict[str, torch.Tensor], into: dict[str, int]) -> None:
-    """Each tensor's CRC-32 from its memory, into ``into`` by name; on any failure the ones
-    done so far (the save then reads its file back for the CRC)."""
-    try:
-        for name, t in tensors.items():
-            into[name] = crc32(bytes_of(t))
-    except Exception:  # the file is read back for its CRC instead
-        pass
-
-
-def _file_crc(
-    f, size: int, file: Path, tensors: dict[str, torch.Tensor], crcs: dict[str, int]
-) -> int | None:
-    """The CRC-32 of the safetensors file ``f`` (``size`` bytes) from its header's bytes and
-    the CRC-32s of its tensors (``crcs``), put together in the order of the tensors' bytes in
-    the file; None unless the file is exactly the header followed by the tensors' bytes, each
-    tensor's where the header says, end to end (what safetensors writes: no padding, no
-    other bytes)."""
-    try:
-        head, header = read_header(f, size, file)
-        data_len = size - len(head) - len(header)
-        entries = header_entries(header, data_len, file)
-    except CorruptCheckpoint:
-        return None
-    if entries.keys() != tensors.keys():
-        return None
-    value, at = crc32(header, crc32(head)), 0
-    for name, entry in sorted(entries.items(), key=lambda item: item[1]["data_offsets"]):
-        start, stop = entry["data_offsets"]
-        t = tensors[name]
-        if start != at or stop - start != t.numel() * t.element_size():
-            return None
-        value, at = crc32_combine(value, crcs[name], stop - start), stop
-    return value if at == data_len else None
-
-
-def _crc_while_flushing(
-    file: Path, fd: int, size: int, *, fsync: bool, known: int | None = None
-) -> int:
-    """The CRC-32 of ``file`` (``size`` bytes): ``known`` where the tensors gave it already
-    (:func:`_file_crc`), else read back by a thread while this one fsyncs the file through
-    ``fd`` (when ``fsync``).
+def _crc_while_flushing(file: Path, fd: int, size: int, *, fsync: bool) -> int:
+    """The CRC-32 of ``file`` (``size`` bytes), read back by a thread while this one fsyncs it
+    through ``fd`` (when ``fsync``).
 
     The thread reads the file (its pages still in the page cache) through a descriptor of its
     own, with :func:`~simulator.ckptio.layout.crc32_read` (slices that stay in the CPU's cache,
@@ -295,10 +240,6 @@ def _crc_while_flushing(
     process, where a read raises an OSError the save reports. A plain thread, not an executor:
     an async save still in flight at interpreter exit must finish, and executors refuse new
     work once shutdown has begun."""
-    if known is not None:
-        if fsync:
-            os.fsync(fd)
-        return known
     outcome: list[Any] = []
 
     def crc_of_file() -> None:
