@@ -302,6 +302,45 @@ def test_a_rejected_checkpoint_that_could_not_be_moved_aside_survives_a_save_of_
     ckptio.verify_checkpoint(tmp_path / checkpoint_name(40))  # this run's own step 40
 
 
+def test_a_rejected_checkpoint_that_still_cannot_be_moved_aside_refuses_the_save_of_its_step(
+    tmp_path, monkeypatch
+):
+    # The save of step 40 would replace the step-40 the restore rejected and left in place,
+    # and a re-save drops what it replaces: when it cannot be moved aside now either, that
+    # save is refused, the rejected one stays byte for byte, and the next step saves.
+    save_steps(tmp_path, [30, 40], keep_last=3)
+    tensors = tmp_path / checkpoint_name(40) / ckptio.TENSOR_FILE
+    damaged = bytearray(tensors.read_bytes())
+    damaged[-3] ^= 0xFF
+    tensors.write_bytes(bytes(damaged))
+    monkeypatch.setattr(fcntl, "flock", _no_locks)
+    real_rename = os.rename
+
+    def rename(src, dst, **kw):
+        if ".rejected-" in os.fspath(dst):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        return real_rename(src, dst, **kw)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.warns(UserWarning):
+        model = torch.nn.Linear(4, 4)
+        ck = checkpointer(tmp_path, model, keep_last=3)
+        assert ck.restore() == 30
+        ck.save(39)
+        with pytest.raises(CheckpointWriteError) as refused:
+            ck.save(40)
+        ck.save(41)
+        ck.close(finished=False)
+    message = str(refused.value)
+    assert "failed verification at restore and cannot be moved aside; it is kept" in message
+    # The checkpoint it points to is one a restore can take, not the rejected step-40.
+    assert message.endswith(f"the previous checkpoint ({checkpoint_name(39)}) is intact")
+    assert tensors.read_bytes() == bytes(damaged)
+    assert not any(".rejected-" in p.name for p in tmp_path.iterdir())
+    ckptio.verify_checkpoint(tmp_path / checkpoint_name(41))
+    assert checkpoint_name(39) in step_dirs(tmp_path)
+
+
 # -- SIGKILL at random points -------------------------------------------------------------------
 _TRAIN_UNTIL_KILLED = """
 import sys, torch

@@ -652,8 +652,11 @@ class AdaptiveCheckpointer(TierMixin):
         return self._executor
 
     def _last_good(self) -> str:
-        steps = complete_steps(self.storage)
-        return checkpoint_name(steps[-1]) if steps else "none yet"
+        """The newest complete checkpoint, for a failure's message: never one the restore
+        rejected but had to leave in place (rank 0 knows those)."""
+        names = [checkpoint_name(s) for s in complete_steps(self.storage)]
+        names = [n for n in names if n not in self._rejected_in_place]
+        return names[-1] if names else "none yet"
 
     def _finish_inflight(self) -> None:
         """Wait for the background write; raise its error here, on the training thread."""
