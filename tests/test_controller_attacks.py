@@ -254,6 +254,20 @@ def test_checkpoints_renamed_back_by_hand_resume_and_retention_deletes_them_by_t
     assert step_dirs(tmp_path) == [checkpoint_name(22), checkpoint_name(23)]  # the bound holds
 
 
+def test_a_failed_retention_warns_at_the_users_save_and_the_save_stands(tmp_path, monkeypatch):
+    from simulator.controller import checkpointer as module
+
+    def refused(*_, **__):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(module, "apply_retention", refused)
+    with checkpointer(tmp_path, torch.nn.Linear(4, 4), keep_last=1) as ck:
+        with pytest.warns(UserWarning, match="checkpoint retention failed: .*denied") as caught:
+            ck.save(1)
+    assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+    ckptio.verify_checkpoint(tmp_path / checkpoint_name(1))
+
+
 # -- a file system without flock ----------------------------------------------------------------
 def _no_locks(fd, operation):
     """fcntl.flock on Lustre mounted without flock."""

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator import ckptio
+from simulator.controller._warn import user_stacklevel
 from simulator.controller.backend import Backend, LocalBackend
 from simulator.controller.commit import (
     check_config,
@@ -706,7 +707,7 @@ class AdaptiveCheckpointer(TierMixin):
                     among=None if self._lock.held else self._written,
                 )
             except OSError as exc:
-                warnings.warn(f"checkpoint retention failed: {exc}", stacklevel=2)
+                warnings.warn(f"checkpoint retention failed: {exc}", stacklevel=user_stacklevel())
 
     # -- restoring --------------------------------------------------------------------------
     def restore(self) -> int:
