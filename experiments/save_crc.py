@@ -17,7 +17,10 @@ its distribution-free 95 % interval.
 
 At commit 0039c9d the save took the CRC from the tensors' memory during the write instead,
 and this script timed that way too (``tensors``): ``reports/save-crc.md`` is that run, in which
-neither way cost a time out of the noise, so the simpler read-back stayed.
+neither way cost a time out of the noise, so the simpler read-back stayed. Its ``no-crc`` was
+that commit's save with a CRC function that returns 0: the thread still walked the tensors and
+the header was still read, a floor a little above this script's. Rerun with another
+``--report`` path to keep that run.
 
     python experiments/save_crc.py --size 25M --rounds 120
 """

@@ -1261,20 +1261,22 @@ def test_the_save_crc_experiment_times_each_way_of_taking_the_crc(tmp_path, caps
     from simulator.ckptio import layout as ckptio_layout
     from simulator.ckptio import write
 
-    read_back = []
+    read_back, small = [], []
     real_read, real_crc = write.crc32_read, write._crc_while_flushing
     monkeypatch.setattr(write, "crc32_read", lambda *a: read_back.append(a) or real_read(*a))
+    monkeypatch.setattr(write, "crc32", lambda *a: small.append(a) or ckptio_layout.crc32(*a))
     work, report = tmp_path / "work", tmp_path / "crc.md"
     work.mkdir()
     argv = ["--size", "300K", "--rounds", "6", "--dir", str(work), "--no-warm-memory"]
     assert save_crc.main([*argv, "--report", str(report)]) == 0
     out = capsys.readouterr().out
     assert len(read_back) == 1 + 6  # the read-back way only: its untimed first save, 6 rounds
+    assert len(small) == 2 * (1 + 6)  # its meta and manifest; none in the no-crc way
     assert all(f"{way:9s} quartiles" in out for way in save_crc.WAYS)
     assert "raw/read-back median ratio" in out and "read-back adds to no-crc" in out
     assert all(line in report.read_text() for line in out.splitlines()[:-1])  # "wrote ..."
     assert list(work.iterdir()) == []
-    assert write.crc32 is ckptio_layout.crc32 and write._crc_while_flushing is real_crc  # undone
+    assert write._crc_while_flushing is real_crc  # undone
 
 
 def test_the_carry_over_experiment_times_the_save_after_each_kind_of_job(tmp_path, capsys):

@@ -199,14 +199,14 @@ def _write_tensor_file(file: Path, tensors: dict[str, torch.Tensor], *, fsync: b
     tensors, timed ad hoc. Taken from the tensors' memory by a thread during the write instead,
     put together in the file's order with ``crc32_combine``, it gained nothing out of the
     noise: ``reports/save-crc.md``, commit 0039c9d, where neither way cost a 290 MB save a
-    time that stood out against no CRC at all.) The checksum vouches for the file's bytes as written: a tensor
-    changed by another thread while the file was written (a misuse: the save reads the live
-    tensors; an async save reads its own staged copies) leaves a torn checkpoint whose CRC
-    matches, where a CRC taken from memory after the write caught it at restore when the
-    change fell between the two reads. A hand-written writer, gather writes with the
-    write-back started behind each 64 MB, was tried and dropped: on this project's machines it
-    was no faster once the write-back was left out, and with it a save now and then stalled
-    for 3-5x as long.
+    time that stood out against no CRC.) The checksum vouches for the file's bytes as
+    written: a tensor changed by another thread while the file was written (a misuse: the
+    save reads the live tensors; an async save reads its own staged copies) leaves a torn
+    checkpoint whose CRC matches, where a CRC taken from memory after the write caught it at
+    restore when the change fell between the two reads. A hand-written writer, gather writes
+    with the write-back started behind each 64 MB, was tried and dropped: on this project's
+    machines it was no faster once the write-back was left out, and with it a save now and
+    then stalled for 3-5x as long.
     """
     specs = {name: _spec(t) for name, t in tensors.items()}
     try:
