@@ -254,17 +254,24 @@ def test_checkpoints_renamed_back_by_hand_resume_and_retention_deletes_them_by_t
     assert step_dirs(tmp_path) == [checkpoint_name(22), checkpoint_name(23)]  # the bound holds
 
 
-def test_a_failed_retention_warns_at_the_users_save_and_the_save_stands(tmp_path, monkeypatch):
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_failed_retention_warns_at_the_users_save_and_the_save_stands(
+    tmp_path, monkeypatch, async_save
+):
+    # Synchronous: the user's save() line. Asynchronous, on the writer thread, no line of the
+    # user's is on the stack: the controller's own frame, not the thread pool's.
     from simulator.controller import checkpointer as module
 
     def refused(*_, **__):
         raise OSError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(module, "apply_retention", refused)
-    with checkpointer(tmp_path, torch.nn.Linear(4, 4), keep_last=1) as ck:
-        with pytest.warns(UserWarning, match="checkpoint retention failed: .*denied") as caught:
-            ck.save(1)
-    assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+    ck = checkpointer(tmp_path, torch.nn.Linear(4, 4), keep_last=2, async_save=async_save)
+    with pytest.warns(UserWarning, match="checkpoint retention failed: .*denied") as caught:
+        ck.save(1)
+        ck.close(finished=False)  # waits for an asynchronous write
+    where = Path(module.__file__ if async_save else __file__).name
+    assert [Path(w.filename).name for w in caught] == [where]
     ckptio.verify_checkpoint(tmp_path / checkpoint_name(1))
 
 

@@ -570,7 +570,7 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     import errno
 
     from simulator.ckptio import CheckpointWriteError
-    from simulator.controller import AdaptiveCheckpointer, checkpointer, runlog
+    from simulator.controller import AdaptiveCheckpointer, checkpointer, commit, runlog
     from simulator.controller import distributed as backend_module
     from simulator.controller.distributed import DistributedBackend
     from simulator.controller.integrity import CorruptCheckpoint
@@ -586,6 +586,7 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             backend=DistributedBackend(),
             extra={"position": position},
             config=config,
+            async_save=where == "committing",
         )
 
     torch.manual_seed(1)
@@ -645,6 +646,8 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
                 runlog.read_events = unreadable
             warnings.filterwarnings("error", message="cannot read the run log")
+        if where == "moving" and rank == 0:  # as if its restore had left a rejected one in place
+            ckpt._rejected_in_place.add("step-00000001")  # which no rank may call intact
         step = ckpt.restore()
         if where == "capturing":  # rank 1's data position cannot be read at the next save
             if rank == 1:
@@ -662,6 +665,17 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
                 ckpt._keep_rejected = kept
             ckpt.save(2)
+        if where == "committing":  # rank 0's commit of an async save fails in the background
+            if rank == 0:  # after every rank's write: its manifest finds the disk full
+
+                def full(*_args, **_kwargs):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+                commit.write_manifest = full
+            ckpt.save(2)
+            for later in range(3, 6):  # rank 0 alone raised at one of these, rank 1 went on
+                ckpt.step(later)
+            ckpt.save(6)  # where every rank is: every rank hears of it
         if where == "logging":  # rank 0's run log fills its disk at a save; a filter: fatal
             if rank == 0:
 
@@ -735,9 +749,18 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
         (
             "moving",  # rank 0 alone, before the save's collective write
             "CheckpointWriteError: saving step 2 failed (rank 0 failed preparing the save of "
-            "step 2: CheckpointWriteError: step 2 cannot be moved aside); the previous checkpoint",
+            "step 2: CheckpointWriteError: step 2 cannot be moved aside); the previous checkpoint "
+            "(none yet) is intact",
             "CheckpointWriteError: saving step 2 failed (step 2 cannot be moved aside); the "
-            "previous checkpoint",
+            "previous checkpoint (none yet) is intact",
+        ),
+        (
+            "committing",  # rank 0 alone, its async save's commit, heard at the next save
+            "CheckpointWriteError: rank 0 failed finishing the last background write: "
+            "CheckpointWriteError: background write of step 2 failed ([Errno 28] No space left "
+            "on device); the previous checkpoint (step-00000001) is intact",
+            "CheckpointWriteError: background write of step 2 failed ([Errno 28] No space left on "
+            "device); the previous checkpoint (step-00000001) is intact",
         ),
         pytest.param(
             "config",

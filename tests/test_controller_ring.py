@@ -541,6 +541,7 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
     from simulator.controller.distributed import DistributedBackend
     from simulator.controller.integrity import CorruptCheckpoint
     from simulator.controller.local_ring import Ring
+    from simulator.controller.local_tier import LocalTier
 
     def eio(*_args, **_kwargs):
         raise OSError(errno.EIO, "Input/output error")
@@ -569,6 +570,10 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
         tiered.next_generation = raises(ValueError("a bad run record"))
     if where == "fallback" and rank == 0:  # ... and warns of the fall-back to the persistent tier
         warnings.filterwarnings("error", message="the local tier")
+    if where == "run id" and rank == 0:  # rank 0 alone reads the run's id as the tier opens
+        tiered.run_id = raises(ValueError("a bad run id"))
+    if where == "opening" and rank == 1:  # rank 1 alone fails to open its local tier
+        LocalTier._open = raises(RuntimeError("the local disk is gone"))
 
     def attempt() -> str:
         model = _wrap(_model(), "ddp")
@@ -610,6 +615,19 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
             "RuntimeError: rank 0 failed after restoring from {root}: UserWarning: the local tier",
         ),
         (
+            "run id",  # as the checkpointer is made, before the ring's first agreement
+            0,
+            "ValueError: a bad run id",
+            "RuntimeError: rank 0 failed reading the run's id in {root}: ValueError: a bad run id",
+        ),
+        (
+            "opening",
+            1,
+            "RuntimeError: the local disk is gone",
+            "RuntimeError: rank 1 failed opening its local tier in {local}: RuntimeError: the "
+            "local disk is gone",
+        ),
+        (
             "branch",
             0,
             "ValueError: a bad run record",
@@ -634,7 +652,7 @@ def test_a_failure_on_one_rank_during_a_ring_restore_reaches_every_rank_at_once(
     said = {
         r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(2)
     }  # rank -> (seconds, what it raised)
-    fill = {"name": f"step-{local:08d}", "root": run / "ckpt"}
+    fill = {"name": f"step-{local:08d}", "root": run / "ckpt", "local": run / f"host{failing}"}
     assert said[failing][1].startswith(own.format(**fill))
     assert said[1 - failing][1].startswith(others.format(**fill))
     assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout

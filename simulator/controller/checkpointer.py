@@ -107,6 +107,7 @@ from simulator.controller.storage import (
     CheckpointStorage,
     apply_retention,
     checkpoint_name,
+    complete_names,
     complete_steps,
     retention_plan,
 )
@@ -393,7 +394,9 @@ class AdaptiveCheckpointer(TierMixin):
         self.last_saved_step: int | None = None
         self.saves = 0
         self._written: set[int] = set()
-        self._rejected_in_place: set[str] = set()  # rank 0: rejected, but could not be moved
+        # Rejected by the restore, but left in place (no lock, or the move failed): rank 0
+        # moves each aside before a save replaces it; every rank names none of them as intact.
+        self._rejected_in_place: set[str] = set()
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
@@ -440,7 +443,10 @@ class AdaptiveCheckpointer(TierMixin):
 
     def _due(self, step: int) -> bool:
         self._note_began(step)
-        if self._inflight is not None and self._inflight.done():
+        # One process raises a failed background write at the next step. Several ranks learn
+        # of it where they all are at once (the next save, close or preemption: _finish_together):
+        # a rank raising alone here would leave the others waiting in the next collective.
+        if self._inflight is not None and self._inflight.done() and self.backend.world_size == 1:
             self._finish_inflight()
         if self._preempting(step):
             return self._preempt(step)
@@ -524,7 +530,7 @@ class AdaptiveCheckpointer(TierMixin):
             raise RuntimeError("the checkpointer is closed")
         step = int(step)
         self._check_tier(tier)
-        self._finish_inflight()
+        self._finish_together()
         self._settle_generation()  # a session that never restored starts a branch of its own
         t0 = self.clock()
         self._measure_iterations(step)
@@ -596,6 +602,8 @@ class AdaptiveCheckpointer(TierMixin):
                 f"({self._last_good()}) is intact"
             ) from error
         self._note_saved(tier, step, t1 - t0)
+        if tier == PERSISTENT:  # rank 0 moved a rejected one of that name aside (_keep_rejected)
+            self._rejected_in_place.discard(checkpoint_name(step))
         if self.backend.rank == 0:
             self._report(step, tier=tier, stall_s=t1 - t0, next_due_step=self._planned_due)
 
@@ -641,8 +649,9 @@ class AdaptiveCheckpointer(TierMixin):
             if tier == LOCAL:
                 raise  # warned about on the training thread, never raised there
             # Before the future completes: the next step() takes the slow path, which raises
-            # the error on the training thread; the fast path stays one compare. The flag
-            # covers a failure that lands before save() has stored its next due step.
+            # the error on the training thread (one process; several ranks raise it together
+            # at the next save: _due); the fast path stays one compare. The flag covers a
+            # failure that lands before save() has stored its next due step.
             self._write_failed = True
             self._next_due = -1
             raise
@@ -653,11 +662,21 @@ class AdaptiveCheckpointer(TierMixin):
         return self._executor
 
     def _last_good(self) -> str:
-        """The newest complete checkpoint, for a failure's message: never one the restore
-        rejected but had to leave in place (rank 0 knows those)."""
-        names = [checkpoint_name(s) for s in complete_steps(self.storage)]
-        names = [n for n in names if n not in self._rejected_in_place]
-        return names[-1] if names else "none yet"
+        """The newest complete checkpoint by the name it has (a rescue named by hand too), for
+        a failure's message: never one the restore rejected but had to leave in place."""
+        names = complete_names(self.storage)
+        good = [
+            (step, n) for step, ns in names.items() for n in ns if n not in self._rejected_in_place
+        ]
+        return max(good)[1] if good else "none yet"
+
+    def _finish_together(self) -> None:
+        """:meth:`_finish_inflight` where every rank calls it at the same step: a failed
+        background write on any rank (rank 0's commit, which also hears of every other rank's
+        failed write) is raised on every rank at once (one all-gather where there are several
+        ranks), instead of on that rank alone with the others left in the next collective."""
+        with failing_together(self.backend, "finishing the last background write"):
+            self._finish_inflight()
 
     def _finish_inflight(self) -> None:
         """Wait for the background write; raise its error here, on the training thread."""
@@ -745,7 +764,12 @@ class AdaptiveCheckpointer(TierMixin):
                 "restore", session_s=now - self._session_start, step=step, **self._restore_fields()
             )
             due = self._due_after_restore(step, now - self._session_start)
-        due, marked = self._broadcast_point(step, (due, marked))
+        # Rank 0's own rejections reach every rank: a failure's message on any rank must not
+        # call one of them the intact previous checkpoint (_last_good).
+        due, marked, in_place = self._broadcast_point(
+            step, (due, marked, sorted(self._rejected_in_place))
+        )
+        self._rejected_in_place = set(in_place)
         self._set_due(int(due))
         self._after_restore(step, marked)
         return step
@@ -1064,7 +1088,9 @@ class AdaptiveCheckpointer(TierMixin):
         if self._closed:
             return
         try:
-            if clean:
+            if clean and finished:  # every rank closes here, before a final save's collective
+                self._finish_together()
+            elif clean:  # no collective: a rank may close alone (at exit, on Ctrl-C)
                 self._finish_inflight()
             else:
                 try:  # the training loop crashed: keep its error, report this one
@@ -1075,7 +1101,7 @@ class AdaptiveCheckpointer(TierMixin):
                 last = self._last_step if self._last_step is not None else self._final_step()
                 if last is not None and (self._saved_step is None or last > self._saved_step):
                     self.save(last)
-                    self._finish_inflight()
+                    self._finish_together()
                 if self._saved_step is not None:
                     self.runlog.append(
                         "finished",
@@ -1213,7 +1239,7 @@ class AdaptiveCheckpointer(TierMixin):
             tier = self.backend.broadcast(tier)  # rank 0's clock decides, as for the step
         if self._saved_in(tier) != step:
             self.save(step, tier=tier)
-        self._finish_inflight()
+        self._finish_together()
         name = self._note_preempted(step, signum, tier=tier)
         if self.on_preemption == "exit":
             logger.warning(

@@ -28,11 +28,13 @@ KINDS: tuple[tuple[type[BaseException], type[BaseException]], ...] = (
     (NoIntactCheckpoint, NoIntactCheckpoint),
     (IncompatibleCheckpoint, IncompatibleCheckpoint),
     (InputError, InputError),
+    (ckptio.CheckpointWriteError, ckptio.CheckpointWriteError),
     (OSError, ckptio.CheckpointReadError),
     (BaseException, RuntimeError),
 )
 """What a failure is (first match), and what the other ranks raise for it: the same refusal, a
-user's mistake, a read failure, anything else (an interrupt, a warning turned into an error)."""
+user's mistake, a failed save (an asynchronous one's, heard at the next save), a read failure,
+anything else (an interrupt, a warning turned into an error)."""
 
 Described = tuple[int, str]
 """A failure as it travels in a collective: its index in :data:`KINDS` and the message."""

@@ -300,10 +300,10 @@ def complete_steps(storage: Storage) -> list[int]:
     Symbolic links are no checkpoints of this root: neither a linked ``step-N`` nor a linked
     manifest counts, so nothing is ever kept or deleted on their account.
     """
-    return sorted(_complete_names(storage))
+    return sorted(complete_names(storage))
 
 
-def _complete_names(storage: Storage) -> dict[int, list[str]]:
+def complete_names(storage: Storage) -> dict[int, list[str]]:
     """Step -> the names of its complete checkpoints: usually one ``step-NNNNNNNN``, but a
     person's rescue may have named it by hand (``step-10``), and retention must delete it by
     the name it has."""
@@ -360,7 +360,7 @@ def apply_retention(
     """
     if among is None:
         finish_deletions(storage)
-    names = _complete_names(storage)
+    names = complete_names(storage)
     complete = sorted(names) if among is None else sorted(set(names) & set(among))
     doomed = retention_plan(
         complete,

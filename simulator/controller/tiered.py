@@ -111,27 +111,26 @@ def open_local_tier(ckpt) -> LocalTier:
     rank 0). Under torch.distributed each rank has its own directory in the ring
     (:mod:`~simulator.controller.local_ring`); the tier is on for every rank or for none."""
     backend = ckpt.backend
-    record, why = None, None
-    if backend.rank == 0:
-        record, why = run_id(
-            ckpt.storage, ckpt.root, remote=ckpt._remote, create=not ckpt.read_only
-        )
-    if backend.world_size > 1:
-        record, why = backend.broadcast((record, why))
+    record, why = ckpt._on_rank0(  # its failure raised on every rank, not left in a broadcast
+        lambda: run_id(ckpt.storage, ckpt.root, remote=ckpt._remote, create=not ckpt.read_only),
+        f"reading the run's id in {ckpt.root}",
+    )
     ckpt._run_record = record
     ckpt._generation_settled = False
     rid, generation, branch = record if record is not None else (None, 0, "")
     ring = backend.writes_manifest()
     sub = f"rank-{backend.rank}" if ring else None
-    tier = LocalTier(
-        ckpt._local_dir,
-        rid,
-        keep_last=ckpt._local_keep,
-        why=why,
-        sub=sub,
-        generation=generation,
-        branch=branch,
-    )
+    # A rank failing here alone would leave the others in the ring's first all-gather.
+    with failing_together(backend, f"opening its local tier in {ckpt._local_dir}"):
+        tier = LocalTier(
+            ckpt._local_dir,
+            rid,
+            keep_last=ckpt._local_keep,
+            why=why,
+            sub=sub,
+            generation=generation,
+            branch=branch,
+        )
     ckpt._ring = None
     if ring:
         # The template, {rank} and all: the ring looks in every rank's directory.
