@@ -300,15 +300,22 @@ def test_without_flock_retention_deletes_only_the_checkpoints_this_run_wrote(tmp
     assert step_dirs(tmp_path) == [checkpoint_name(s) for s in (10, 20, 30, 32, 33, 99)]
 
 
-def test_a_rejected_checkpoint_that_could_not_be_moved_aside_survives_a_save_of_its_step(
-    tmp_path, monkeypatch
-):
-    save_steps(tmp_path, [30, 40], keep_last=2)
+def _step_40_damaged_without_flock(tmp_path, monkeypatch, keep_last: int):
+    """Steps 30 and 40 saved, step 40's tensors then damaged, on a file system without flock
+    (so the restore leaves the rejected step-40 where it is); its tensor file and bytes."""
+    save_steps(tmp_path, [30, 40], keep_last=keep_last)
     tensors = tmp_path / checkpoint_name(40) / ckptio.TENSOR_FILE
     damaged = bytearray(tensors.read_bytes())
     damaged[-3] ^= 0xFF
     tensors.write_bytes(bytes(damaged))
     monkeypatch.setattr(fcntl, "flock", _no_locks)
+    return tensors, bytes(damaged)
+
+
+def test_a_rejected_checkpoint_that_could_not_be_moved_aside_survives_a_save_of_its_step(
+    tmp_path, monkeypatch
+):
+    _, damaged = _step_40_damaged_without_flock(tmp_path, monkeypatch, keep_last=2)
     with pytest.warns(UserWarning) as caught:
         model = torch.nn.Linear(4, 4)
         ck = checkpointer(tmp_path, model, keep_last=2)
@@ -319,7 +326,7 @@ def test_a_rejected_checkpoint_that_could_not_be_moved_aside_survives_a_save_of_
         ck.close(finished=False)
     assert "CRC" in " ".join(str(w.message) for w in caught)
     kept = [p for p in tmp_path.iterdir() if p.name.startswith(f"{checkpoint_name(40)}.rejected-")]
-    assert len(kept) == 1 and (kept[0] / ckptio.TENSOR_FILE).read_bytes() == bytes(damaged)
+    assert len(kept) == 1 and (kept[0] / ckptio.TENSOR_FILE).read_bytes() == damaged
     ckptio.verify_checkpoint(tmp_path / checkpoint_name(40))  # this run's own step 40
 
 
@@ -329,12 +336,7 @@ def test_a_rejected_checkpoint_that_still_cannot_be_moved_aside_refuses_the_save
     # The save of step 40 would replace the step-40 the restore rejected and left in place,
     # and a re-save drops what it replaces: when it cannot be moved aside now either, that
     # save is refused, the rejected one stays byte for byte, and the next step saves.
-    save_steps(tmp_path, [30, 40], keep_last=3)
-    tensors = tmp_path / checkpoint_name(40) / ckptio.TENSOR_FILE
-    damaged = bytearray(tensors.read_bytes())
-    damaged[-3] ^= 0xFF
-    tensors.write_bytes(bytes(damaged))
-    monkeypatch.setattr(fcntl, "flock", _no_locks)
+    tensors, damaged = _step_40_damaged_without_flock(tmp_path, monkeypatch, keep_last=3)
     real_rename = os.rename
 
     def rename(src, dst, **kw):
@@ -356,7 +358,7 @@ def test_a_rejected_checkpoint_that_still_cannot_be_moved_aside_refuses_the_save
     assert "failed verification at restore and cannot be moved aside; it is kept" in message
     # The checkpoint it points to is one a restore can take, not the rejected step-40.
     assert message.endswith(f"the previous checkpoint ({checkpoint_name(39)}) is intact")
-    assert tensors.read_bytes() == bytes(damaged)
+    assert tensors.read_bytes() == damaged
     assert not any(".rejected-" in p.name for p in tmp_path.iterdir())
     ckptio.verify_checkpoint(tmp_path / checkpoint_name(41))
     assert checkpoint_name(39) in step_dirs(tmp_path)
