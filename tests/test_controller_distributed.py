@@ -578,6 +578,8 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     _init(rank, port)
     position = _Position()
 
+    now = [0.0]  # "committing": a step a second, so check points come every 5 steps
+
     def controller(model: torch.nn.Module) -> AdaptiveCheckpointer:
         config = {"shard": rank} if where == "config" else None  # a value per rank, by mistake
         return AdaptiveCheckpointer(
@@ -586,7 +588,7 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             backend=DistributedBackend(),
             extra={"position": position},
             config=config,
-            async_save=where == "committing",
+            **({"async_save": True, "clock": lambda: now[0]} if where == "committing" else {}),
         )
 
     torch.manual_seed(1)
@@ -673,9 +675,13 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
                 commit.write_manifest = full
             ckpt.save(2)
-            for later in range(3, 6):  # rank 0 alone raised at one of these, rank 1 went on
+            if rank == 0:  # its write has failed before it trains on (rank 1 trains at once)
+                ckpt._inflight.exception(timeout=20)
+            for later in range(3, 200):  # rank 0 alone raised at the first, rank 1 went on
+                now[0] += 1.0
+                heard = Path(out) / f"step{rank}.txt"  # where every rank heard of it
+                heard.write_text(str(later))
                 ckpt.step(later)
-            ckpt.save(6)  # where every rank is: every rank hears of it
         if where == "logging":  # rank 0's run log fills its disk at a save; a filter: fatal
             if rank == 0:
 
@@ -786,3 +792,7 @@ def test_a_failure_on_one_rank_alone_reaches_every_rank_at_once(tmp_path, where,
     if said[0][1].startswith("IncompatibleCheckpoint"):  # rank 1's refusal, saying so
         assert said[0][1] == said[1][1] + " (on rank 1)"
     assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout
+    if where == "committing":  # every rank at the first check point after the save (its step
+        # + probe_steps, 20): not rank 0 alone at step 3, nor every rank at the next save (35)
+        heard = {r: int((tmp_path / f"step{r}.txt").read_text()) for r in range(WORLD)}
+        assert heard == {0: 2 + 20, 1: 2 + 20}

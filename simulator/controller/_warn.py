@@ -18,7 +18,8 @@ def user_stacklevel() -> int:
     ``step()`` or ``close()`` line, however many of the controller's own frames lie between
     (a count fixed at each call site is right for one path only). On the controller's own
     background thread (an asynchronous save's write), whose stack begins in the thread
-    machinery, the outermost frame of the controller's instead."""
+    machinery, and where no frame lies outside the package (an atexit hook), the outermost
+    frame of the controller's instead."""
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1

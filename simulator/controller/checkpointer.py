@@ -444,8 +444,9 @@ class AdaptiveCheckpointer(TierMixin):
     def _due(self, step: int) -> bool:
         self._note_began(step)
         # One process raises a failed background write at the next step. Several ranks learn
-        # of it where they all are at once (the next save, close or preemption: _finish_together):
-        # a rank raising alone here would leave the others waiting in the next collective.
+        # of it where they all are at once (the next check point, ~5 s apart with a preemption
+        # handler, else the next save; close; _finish_together): a rank raising alone here
+        # would leave the others waiting in the next collective.
         if self._inflight is not None and self._inflight.done() and self.backend.world_size == 1:
             self._finish_inflight()
         if self._preempting(step):
@@ -497,12 +498,17 @@ class AdaptiveCheckpointer(TierMixin):
         computes from the same broadcast value.
         """
         rank0 = self.backend.rank == 0
+        # Rank 0's failed background write (its commit also hears every rank's failed write):
+        # raised by every rank here, at once, within a check point of the failure.
+        failed = rank0 and self.backend.world_size > 1 and self._write_failed
         mine = (payload, self._signalled if rank0 else None, self._check_steps() if rank0 else 0)
-        payload, signalled, k = self.backend.broadcast(mine)
+        payload, signalled, k, failed = self.backend.broadcast((*mine, failed))
         self._check_due = step + int(k) if k else _NEVER
         if signalled is not None:
             self._agreed = signalled
             self._signalled = signalled
+        if failed:
+            self._finish_together()
         return payload
 
     def _check_steps(self) -> int:
@@ -650,8 +656,8 @@ class AdaptiveCheckpointer(TierMixin):
                 raise  # warned about on the training thread, never raised there
             # Before the future completes: the next step() takes the slow path, which raises
             # the error on the training thread (one process; several ranks raise it together
-            # at the next save: _due); the fast path stays one compare. The flag covers a
-            # failure that lands before save() has stored its next due step.
+            # at the next check point: _broadcast_point); the fast path stays one compare.
+            # The flag covers a failure that lands before save() has stored its next due step.
             self._write_failed = True
             self._next_due = -1
             raise

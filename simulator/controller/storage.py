@@ -57,6 +57,7 @@ __all__ = [
     "apply_retention",
     "checkpoint_name",
     "checkpoint_step",
+    "complete_names",
     "complete_steps",
     "delete_checkpoint",
     "finish_deletions",
