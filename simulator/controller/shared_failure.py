@@ -33,7 +33,7 @@ KINDS: tuple[tuple[type[BaseException], type[BaseException]], ...] = (
     (BaseException, RuntimeError),
 )
 """What a failure is (first match), and what the other ranks raise for it: the same refusal, a
-user's mistake, a failed save (an asynchronous one's, heard at the next save), a read failure,
+user's mistake, a failed save (an asynchronous one's too, heard at a check point), a read failure,
 anything else (an interrupt, a warning turned into an error)."""
 
 Described = tuple[int, str]
