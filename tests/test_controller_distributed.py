@@ -575,6 +575,12 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     from simulator.controller.distributed import DistributedBackend
     from simulator.controller.integrity import CorruptCheckpoint
 
+    def eio(*_args, **_kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     _init(rank, port)
     position = _Position()
 
@@ -588,7 +594,11 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             backend=DistributedBackend(),
             extra={"position": position},
             config=config,
-            **({"async_save": True, "clock": lambda: now[0]} if where == "committing" else {}),
+            **(
+                {"async_save": True, "clock": lambda: now[0]}
+                if where in ("committing", "writing")
+                else {}
+            ),
         )
 
     torch.manual_seed(1)
@@ -602,10 +612,6 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
     model = torch.nn.Linear(64, 64)
     weights = model.weight.data_ptr()
     if rank == 1 and where == "metadata":  # its read of the shared .metadata fails
-
-        def eio(*_args):
-            raise OSError(errno.EIO, "Input/output error")
-
         backend_module.load_metadata = eio
     if rank == 1 and where == "position":  # its data position does not load
 
@@ -632,21 +638,13 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
     def attempt() -> str:
         if rank == 0 and where == "starting":  # its run log as the session starts; a filter
-
-            def full(*_args, **_kwargs):
-                raise OSError(errno.ENOSPC, "No space left on device")
-
             runlog.RunLog._append = full
         if where == "starting":
             warnings.filterwarnings("error", message="cannot write the run log")
         ckpt = controller(model)
         if where == "finished":  # rank 0 reads whether the run had finished; a filter: fatal
             if rank == 0:
-
-                def unreadable(*_args, **_kwargs):
-                    raise OSError(errno.EIO, "Input/output error")
-
-                runlog.read_events = unreadable
+                runlog.read_events = eio
             warnings.filterwarnings("error", message="cannot read the run log")
         if where == "moving" and rank == 0:  # as if its restore had left a rejected one in place
             ckpt._rejected_in_place.add("step-00000001")  # which no rank may call intact
@@ -667,13 +665,11 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
                 ckpt._keep_rejected = kept
             ckpt.save(2)
-        if where == "committing":  # rank 0's commit of an async save fails in the background
-            if rank == 0:  # after every rank's write: its manifest finds the disk full
-
-                def full(*_args, **_kwargs):
-                    raise OSError(errno.ENOSPC, "No space left on device")
-
+        if where in ("committing", "writing"):  # an async save fails in the background
+            if where == "committing" and rank == 0:  # after every rank's write: its manifest
                 commit.write_manifest = full
+            if where == "writing" and rank == 1:  # its own shard, inside DCP's collective save
+                os.fsync = full
             ckpt.save(2)
             if rank == 0:  # its write has failed before it trains on (rank 1 trains at once)
                 ckpt._inflight.exception(timeout=20)
@@ -682,12 +678,12 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
                 heard = Path(out) / f"step{rank}.txt"  # where every rank heard of it
                 heard.write_text(str(later))
                 ckpt.step(later)
+        if where == "shard":  # rank 1's own shard of a save, inside DCP's collective save
+            if rank == 1:
+                os.fsync = full
+            ckpt.save(2)
         if where == "logging":  # rank 0's run log fills its disk at a save; a filter: fatal
             if rank == 0:
-
-                def full(*_args, **_kwargs):
-                    raise OSError(errno.ENOSPC, "No space left on device")
-
                 ckpt.runlog._append = full
             warnings.filterwarnings("error", message="cannot write the run log")
             ckpt.save(2)
@@ -768,6 +764,24 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             "CheckpointWriteError: background write of step 2 failed ([Errno 28] No space left on "
             "device); the previous checkpoint (step-00000001) is intact",
         ),
+        (
+            "shard",  # rank 1 alone, its own shard of a save, inside DCP's collective
+            "CheckpointWriteError: saving step 2 failed (DCP's save failed (rank 1: OSError: "
+            "[Errno 28] No space left on device)); the previous checkpoint (step-00000001) is "
+            "intact",
+            "CheckpointWriteError: saving step 2 failed (DCP's save failed (rank 1: OSError: "
+            "[Errno 28] No space left on device)); the previous checkpoint (step-00000001) is "
+            "intact",
+        ),
+        (
+            "writing",  # rank 1 alone, its own shard of an async save, inside DCP's collective
+            "CheckpointWriteError: background write of step 2 failed (DCP's save failed (rank 1: "
+            "OSError: [Errno 28] No space left on device)); the previous checkpoint "
+            "(step-00000001) is intact",
+            "CheckpointWriteError: background write of step 2 failed (DCP's save failed (rank 1: "
+            "OSError: [Errno 28] No space left on device)); the previous checkpoint "
+            "(step-00000001) is intact",
+        ),
         pytest.param(
             "config",
             "IncompatibleCheckpoint: refusing to resume",
@@ -792,7 +806,7 @@ def test_a_failure_on_one_rank_alone_reaches_every_rank_at_once(tmp_path, where,
     if said[0][1].startswith("IncompatibleCheckpoint"):  # rank 1's refusal, saying so
         assert said[0][1] == said[1][1] + " (on rank 1)"
     assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout
-    if where == "committing":  # every rank at the first check point after the save (its step
-        # + probe_steps, 20): not rank 0 alone at step 3, nor every rank at the next save (35)
+    if where in ("committing", "writing"):  # every rank at the first check point after the
+        # save (its step + probe_steps, 20): not one rank alone at step 3, nor at the next save
         heard = {r: int((tmp_path / f"step{r}.txt").read_text()) for r in range(WORLD)}
         assert heard == {0: 2 + 20, 1: 2 + 20}

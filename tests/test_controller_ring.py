@@ -537,7 +537,7 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
     import errno
     from datetime import timedelta
 
-    from simulator.controller import tiered
+    from simulator.controller import local_ring, tiered
     from simulator.controller.distributed import DistributedBackend
     from simulator.controller.integrity import CorruptCheckpoint
     from simulator.controller.local_ring import Ring
@@ -574,6 +574,10 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
         tiered.run_id = raises(ValueError("a bad run id"))
     if where == "opening" and rank == 1:  # rank 1 alone fails to open its local tier
         LocalTier._open = raises(RuntimeError("the local disk is gone"))
+    if where == "holding" and rank == 1:  # ... then the directory of the copy it holds
+        local_ring.LocalStorage = raises(RuntimeError("the local disk is gone"))
+    if where == "fetching" and rank == 1:  # interrupted as the copy it took from rank 0 lands
+        local_ring._remove = raises(KeyboardInterrupt())
 
     def attempt() -> str:
         model = _wrap(_model(), "ddp")
@@ -628,6 +632,26 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
             "local disk is gone",
         ),
         (
+            "local dir",  # rank 1's host links it into the checkpoint directory
+            1,
+            "InputError: local_dir {local} is inside the checkpoint directory",
+            "InputError: rank 1 failed checking local_dir {template}: InputError: local_dir "
+            "{local} is inside",
+        ),
+        (
+            "holding",
+            1,
+            "RuntimeError: the local disk is gone",
+            "RuntimeError: rank 1 failed opening the directory of the copy it holds: "
+            "RuntimeError: the local disk is gone",
+        ),
+        (
+            "fetching",  # rank 1 lost its own snapshot: it takes rank 0's copy of it
+            1,
+            "KeyboardInterrupt",
+            "RuntimeError: rank 1 failed loading its local snapshot {name}: KeyboardInterrupt",
+        ),
+        (
             "branch",
             0,
             "ValueError: a bad run record",
@@ -647,15 +671,90 @@ def test_a_failure_on_one_rank_during_a_ring_restore_reaches_every_rank_at_once(
     if where in ("branch", "fallback"):  # the local tiers lost: the persistent tier, a new branch
         shutil.rmtree(run / "host0")
         shutil.rmtree(run / "host1")
+    if where == "local dir":
+        shutil.rmtree(run / "host1")
+        (run / "host1").symlink_to(run / "ckpt" / "host1")
+    if where == "fetching":
+        shutil.rmtree(_snapshot(run, 1, local, "rank-1"))
     args = (free_port(), str(run), str(tmp_path), where)
     mp.start_processes(_restore_failing, args=args, nprocs=2, start_method="fork")
     said = {
         r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(2)
     }  # rank -> (seconds, what it raised)
-    fill = {"name": f"step-{local:08d}", "root": run / "ckpt", "local": run / f"host{failing}"}
+    fill = {
+        "name": f"step-{local:08d}",
+        "root": run / "ckpt",
+        "local": run / f"host{failing}",
+        "template": run / "host{rank}",
+    }
     assert said[failing][1].startswith(own.format(**fill))
     assert said[1 - failing][1].startswith(others.format(**fill))
     assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout
+
+
+def _training_while_one_local_disk_is_full(rank: int, port: int, base: str, out: str) -> None:
+    """Train from scratch while rank 1's local disk is full, found as DCP fsyncs its own
+    snapshot (the persistent tier's disk is fine); what each rank warned in ``out``."""
+    import errno
+    from datetime import timedelta
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    torch.set_num_threads(1)
+    if rank == 1:
+        fsync = os.fsync
+
+        def full_here(fd):
+            if "/host1/" in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return fsync(fd)
+
+        os.fsync = full_here
+
+    def attempt() -> str:
+        model = _wrap(_model(), "ddp")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        now = [0.0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ckpt = _ring_checkpointer(base, model, opt, now)
+            ckpt.restore()
+            for step in range(1, 9):
+                now[0] += STEP_S
+                ckpt.step(step)
+            ckpt.close()
+        said = [str(w.message) for w in caught if str(w.message).startswith("local tier: saving")]
+        return f"{ckpt.saves} persistent, {ckpt.local_saves} local saves; " + " | ".join(said)
+
+    timed_outcome(rank, 2, Path(out), attempt)
+    dist.destroy_process_group()
+
+
+def test_a_full_local_disk_on_one_rank_fails_the_local_saves_on_every_rank_and_training_goes_on(
+    tmp_path,
+):
+    # DCP raises a rank's failed write as its CheckpointException, a BaseException: the ring's
+    # save let it out of rank 1 alone, and rank 0 waited for rank 1 in the ring's next
+    # all-gather until gloo's timeout.
+    args = (free_port(), str(tmp_path), str(tmp_path))
+    mp.start_processes(_training_while_one_local_disk_is_full, args=args, nprocs=2,
+                       start_method="fork")  # fmt: skip
+    said = {r: (tmp_path / f"rank{r}.txt").read_text().split(" ", 1) for r in range(2)}
+    assert all(float(took) < 30 for took, _ in said.values())  # no rank waited for a timeout
+    for rank, (_, outcome) in said.items():
+        counts, warned = outcome.split("; ", 1)
+        assert counts == "1 persistent, 0 local saves"  # the persistent tier's at close
+        why = (
+            "DCP's save failed (rank 1: OSError: [Errno 28] No space left on device)"
+            if rank == 1
+            else "rank(s) [1] could not write their local snapshot of step {step}"
+        )
+        lines = warned.split(" | ")
+        assert len(lines) == 3  # every local save after the probe steps, on both ranks
+        for line, step in zip(lines, (4, 6, 8), strict=True):
+            assert line.startswith(f"local tier: saving step {step} in {tmp_path / f'host{rank}'}")
+            assert f"failed ({why.format(step=step)}); the persistent tier is unaffected" in line
 
 
 def test_a_backend_that_cannot_write_a_ranks_own_snapshot_is_refused_in_one_line(tmp_path):

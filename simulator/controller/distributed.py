@@ -180,6 +180,20 @@ def _completing_planner(rank: int):
     return CompletingLoadPlanner()
 
 
+def dcp_failures(exc, rank: int, own: bool) -> dict[int, BaseException]:
+    """Each failing rank's exception in DCP's ``CheckpointException`` (which pairs each with
+    its traceback, and numbers a rank's own ``no_dist`` work rank 0: ``rank`` then)."""
+    failures = {r: w[0] if isinstance(w, tuple) else w for r, w in exc.failures.items()}
+    if own and failures:  # one process: its one failure
+        return {rank: next(iter(failures.values()))}
+    return failures
+
+
+def _one_line(failures: dict[int, BaseException]) -> str:
+    """DCP's failures without their tracebacks: ``rank <r>: <Type>: <message>; ...``."""
+    return "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items()))
+
+
 @contextmanager
 def _quiet_single_process(own: bool):
     """Without DCP's warning that it assumes one process: for a rank's own snapshot
@@ -311,17 +325,29 @@ class DistributedBackend:
 
     def _save(self, tmp_dir: Path, state: dict, *, own: bool) -> None:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         writer = dcp.FileSystemWriter(
             tmp_dir, sync_files=True, single_file_per_rank=True, thread_count=self.thread_count
         )
-        with _quiet_single_process(own):
-            dcp.save(
-                _encode(self._split(state)),
-                storage_writer=writer,
-                process_group=self.write_group,
-                no_dist=own,
-            )
+        try:
+            with _quiet_single_process(own):
+                dcp.save(
+                    _encode(self._split(state)),
+                    storage_writer=writer,
+                    process_group=self.write_group,
+                    no_dist=own,
+                )
+        except CheckpointException as exc:
+            # A BaseException with every failing rank's traceback in its message: what
+            # catches a failed save (Exception) would let it through, one rank alone.
+            failures = dcp_failures(exc, self.rank, own)
+            mine = failures.get(self.rank)
+            if mine is not None and not isinstance(mine, Exception):
+                raise mine from None  # this rank's interrupt stays one
+            raise ckptio.CheckpointWriteError(
+                f"DCP's save failed ({_one_line(failures)})"
+            ) from None
         if own or self.rank == 0:
             ckptio.fsync_dir(tmp_dir)
 
@@ -392,11 +418,13 @@ class DistributedBackend:
                 )
         except CheckpointException as exc:
             # DCP gathers every rank's exception; an unsafe pickle is a refusal, not damage.
-            for failure in getattr(exc, "failures", {}).values():
-                error = failure[0] if isinstance(failure, tuple) else failure
+            failures = dcp_failures(exc, self.rank, own)
+            for error in failures.values():
                 if isinstance(error, UnsafeCheckpoint):
                     raise UnsafeCheckpoint(str(error)) from None
-            raise CorruptCheckpoint(f"{ckpt_dir.name}: DCP cannot read it ({exc})") from None
+            raise CorruptCheckpoint(
+                f"{ckpt_dir.name}: DCP cannot read it ({_one_line(failures)})"
+            ) from None
         except (UnsafeCheckpoint, CorruptCheckpoint):
             raise
         except (OSError, ValueError, RuntimeError, EOFError) as exc:

@@ -188,20 +188,12 @@ class Ring:
         """The rank whose copy this rank holds."""
         self.held: LocalStorage | None = None
         self.held_disabled: str | None = None
-        if self.world == 1:
-            logger.info("local tier: one rank, so no partner holds a copy of its snapshot")
-        elif tier.usable:
-            held = tier.root / f"copy-of-rank-{self.source}"
-            if held.is_symlink():
-                self.held_disabled = f"{held} is a symlink"
-            else:
-                try:
-                    held.mkdir(parents=True, exist_ok=True)
-                    self.held = LocalStorage(held)
-                except OSError as exc:
-                    self.held_disabled = f"cannot create {held}: {exc.strerror or exc}"
-        else:
-            self.held_disabled = tier.disabled
+        # Collective: each rank's own directory for the copy it holds, its failure raised on
+        # every rank (no rank left in a later collective), and every rank's tier.
+        self.tiers: list[tuple[bool, str | None]] = self.gather_work(
+            self._open_held, "opening the directory of the copy it holds"
+        )
+        """Each rank's ``(found, disabled)``: whether its local tier was there, why it is off."""
         template = str(local_dir) if local_dir is not None else None
         if template is not None and RANK_FIELD in template:
             bases = [Path(template.replace(RANK_FIELD, str(o))) for o in range(self.world)]
@@ -222,6 +214,24 @@ class Ring:
         """At the last :meth:`agree`: every rank's copies refused as damaged (moved aside)."""
         self.notes: list[str] = []
         """At the last :meth:`agree`: what else kept a local snapshot from being used."""
+
+    def _open_held(self) -> tuple[bool, str | None]:
+        tier = self.tier
+        if self.world == 1:
+            logger.info("local tier: one rank, so no partner holds a copy of its snapshot")
+        elif tier.usable:
+            held = tier.root / f"copy-of-rank-{self.source}"
+            try:
+                if held.is_symlink():
+                    self.held_disabled = f"{held} is a symlink"
+                else:
+                    held.mkdir(parents=True, exist_ok=True)
+                    self.held = LocalStorage(held)
+            except OSError as exc:
+                self.held_disabled = f"cannot create {held}: {exc.strerror or exc}"
+        else:
+            self.held_disabled = tier.disabled
+        return tier.found, tier.disabled
 
     # -- collectives ------------------------------------------------------------------------
     def gather(self, obj) -> list:

@@ -135,10 +135,9 @@ def open_local_tier(ckpt) -> LocalTier:
     if ring:
         # The template, {rank} and all: the ring looks in every rank's directory.
         ckpt._ring = Ring(backend, tier, run_id=rid, local_dir=ckpt._local_template)
-        everyone = ckpt._ring.gather((tier.found, tier.disabled))
         # Whether every rank found its own directory: a restart that lost a host is a node loss.
-        tier.found = all(found for found, _ in everyone)
-        off = [(r, why) for r, (_, why) in enumerate(everyone) if why is not None]
+        tier.found = all(found for found, _ in ckpt._ring.tiers)
+        off = [(r, why) for r, (_, why) in enumerate(ckpt._ring.tiers) if why is not None]
         if off and tier.usable:
             tier.disabled = f"rank {off[0][0]}'s local tier is unusable ({off[0][1]})"
             if backend.rank == 0:
@@ -198,9 +197,12 @@ class TierMixin:
                 f"(DistributedBackend); {type(self.backend).__name__} does not: use the "
                 "persistent tier alone"
             )
-        self._local_dir = check_local_dir(
-            local_dir, self.root, remote=self._remote, rank=self.backend.rank
-        )
+        # {rank} and symlinks resolve differently on each host: a rank refusing its own
+        # local_dir alone would leave the others in the first collective.
+        with failing_together(self.backend, f"checking local_dir {local_dir}"):
+            self._local_dir = check_local_dir(
+                local_dir, self.root, remote=self._remote, rank=self.backend.rank
+            )
         self._local_template = str(local_dir)
         keep = 2 if self.async_save else 1
         if local_keep_last is not None:
@@ -531,13 +533,14 @@ class TierMixin:
         """Collective: every rank's state of the agreed local step, its missing snapshots taken
         from partners first; None (the step excluded) when any rank cannot load it."""
         ring, rank = self._ring, self.backend.rank
-        fetched = ring.fetch()
         loaded: list[dict] = []
 
         def load() -> tuple[str | None, bool]:  # (why this rank cannot, moved aside)
-            if fetched is not None:
-                return fetched, False
             try:
+                # Collective among the ranks that send and receive: every rank calls it.
+                fetched = ring.fetch()
+                if fetched is not None:
+                    return fetched, False
                 path = self.local.storage.local_copy(name)
                 state = check_state(self.backend.read_own(path, template), where=name)
                 foreign = self._foreign(state)
