@@ -230,6 +230,26 @@ def test_too_little_free_disk_is_refused_before_writing(tmp_path, capsys, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("fmt", ["dcp", "dcp-async"])
+def test_a_disk_full_under_dcp_is_the_users_one_line_error(tiny, tmp_path, monkeypatch, fmt):
+    # DCP raises a failed write as its CheckpointException, a BaseException whose message is a
+    # traceback: the bench's OSError handler let it through to the user as a traceback.
+    import errno
+
+    from simulator.bench.runner import disk_errors_are_the_users
+
+    def full(_fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(InputError) as refused:
+        with disk_errors_are_the_users("the checkpoint", tmp_path):
+            fmt_io.SAVERS[fmt](tiny.state, tmp_path / fmt)
+    assert str(refused.value) == (
+        f"writing the checkpoint in --dir {tmp_path} failed: No space left on device"
+    )
+
+
 def test_human_output_has_one_raw_figure_and_no_goal_lines(tmp_path, capsys):
     argv = ["bench", "--sizes", "300K,1M", "--formats", "ckptsim", "--repeats", "2"]
     assert main([*argv, "--dir", str(tmp_path)]) == 0

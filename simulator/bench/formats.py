@@ -245,10 +245,22 @@ def _load_safetensors(directory: Path, state: Any = None) -> Any:
 
 @contextlib.contextmanager
 def _single_process_dcp():
-    """DCP warns that it assumes one process when no process group exists: we mean that."""
+    """DCP warns that it assumes one process when no process group exists: we mean that. It
+    raises a failure wrapped in its ``CheckpointException`` (a BaseException, its message the
+    traceback): raised here as itself, so that a full disk is an OSError, the user's to fix."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from simulator.controller.distributed import dcp_failures
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+        try:
+            yield
+        except CheckpointException as exc:
+            failures = dcp_failures(exc, 0, own=True)
+            if not failures:
+                raise
+            raise failures[0] from None
 
 
 def _dcp_writer(directory: Path):
@@ -277,7 +289,8 @@ def _save_dcp_async(state: Any, directory: Path) -> dict[str, float]:
     stall = time.perf_counter() - start
     # Newer torch may return a response holding separate staging and upload futures.
     future = getattr(future, "upload_completion", future)
-    future.result()
+    with _single_process_dcp():
+        future.result()
     ckptio.fsync_dir(directory)
     return {"save_s": time.perf_counter() - start, "stall_s": stall}
 
