@@ -289,25 +289,33 @@ def test_a_full_disk_leaves_the_old_output_intact_and_no_temp_file(capsys, full_
 
 
 @pytest.mark.slow
-def test_a_disk_that_fills_up_during_bench_is_one_line_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize(
+    ("phase", "started"),  # the --writers ranks are processes of their own: the error too
+    [("formats", "ckptsim-bench-*"), ("writers", "ckptsim-bench-*/ckptsim-writers-*")],
+)
+def test_a_disk_that_fills_up_during_bench_is_one_line_and_leaves_nothing(tmp_path, phase, started):
     """ENOSPC in the middle of the measurement: another writer fills the disk once it started."""
     mnt = tmp_path / "scratch"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600m", "tmpfs", str(mnt)]).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m", "tmpfs", str(mnt)]).returncode:
         pytest.skip("needs permission to mount a tmpfs (root)")
     try:
         out = str(tmp_path / "p.json")
         argv = [PY, "-m", "simulator", "bench", "--sizes", "100K,2M", "--formats", "torch",
                 "--repeats", "100", "--dir", str(mnt), "--out", out]  # fmt: skip
+        if phase == "writers":
+            argv += ["--writers", "2"]
         proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
-        while not list(mnt.glob("ckptsim-bench-*")) and time.monotonic() < deadline:
+        while not list(mnt.glob(started)) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.stderr.read().decode()
             time.sleep(0.005)
+        if phase == "writers":
+            time.sleep(1.0)  # the ranks are writing
         # The benchmark checked for room and started; now the disk fills up under it.
         fd = os.open(mnt / "other-job", os.O_WRONLY | os.O_CREAT)
         try:
-            os.posix_fallocate(fd, 0, 600 << 20)
+            os.posix_fallocate(fd, 0, 700 << 20)
         except OSError:
             _fill_fd(fd)
         finally:

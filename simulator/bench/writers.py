@@ -16,6 +16,7 @@ curve.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import tempfile
@@ -32,14 +33,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, work: str, shard_bytes: int, repeats: int) -> None:
+def _worker(
+    rank: int, world: int, port: int, work: str, shard_bytes: int, repeats: int, failed
+) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from simulator import ckptio
     from simulator.bench import formats as fmt_io
+    from simulator.controller.distributed import dcp_failures
 
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -109,6 +114,14 @@ def _worker(rank: int, world: int, port: int, work: str, shard_bytes: int, repea
                     shutil.rmtree(where, ignore_errors=True)
         if rank == 0:
             Path(work, "rows.json").write_text(json.dumps(rows))
+    except (OSError, CheckpointException) as exc:
+        # A full or failing disk is the user's to fix: the parent raises it as an OSError (a
+        # one-line error), not as this process's traceback. DCP wraps every rank's in its own.
+        errors = dcp_failures(exc, rank, own=False) if isinstance(exc, CheckpointException) else {}
+        disk = next((e for e in [exc, *errors.values()] if isinstance(e, OSError)), None)
+        if disk is not None:
+            failed.put((disk.errno, disk.strerror or str(disk)))
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -121,16 +134,28 @@ def run_writers(
     import torch.multiprocessing as mp
 
     samples: list[dict[str, Any]] = []
+    failed = mp.get_context("spawn").SimpleQueue()  # (errno, message) of a rank's disk error
     for n in writers:
         work = tempfile.mkdtemp(prefix="ckptsim-writers-", dir=directory)
         try:
-            mp.start_processes(
-                _worker,
-                args=(n, _free_port(), work, total_bytes // n, repeats),
-                nprocs=n,
-                start_method="spawn",
-                join=True,
-            )
+            # Its warning that it stops the other ranks after one failed is no news to a user.
+            spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+            level = spawn_log.level
+            spawn_log.setLevel(logging.ERROR)
+            try:
+                mp.start_processes(
+                    _worker,
+                    args=(n, _free_port(), work, total_bytes // n, repeats, failed),
+                    nprocs=n,
+                    start_method="spawn",
+                    join=True,
+                )
+            except mp.ProcessRaisedException:
+                if failed.empty():
+                    raise
+                raise OSError(*failed.get()) from None
+            finally:
+                spawn_log.setLevel(level)
             samples.extend(json.loads(Path(work, "rows.json").read_text()))
         finally:
             shutil.rmtree(work, ignore_errors=True)
