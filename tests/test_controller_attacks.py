@@ -330,6 +330,25 @@ def test_a_rejected_checkpoint_that_could_not_be_moved_aside_survives_a_save_of_
     ckptio.verify_checkpoint(tmp_path / checkpoint_name(40))  # this run's own step 40
 
 
+def test_a_failed_save_names_a_rescue_renamed_by_hand_by_the_name_it_has(tmp_path, monkeypatch):
+    # A person restored a checkpoint by hand as step-10: "the previous checkpoint is intact"
+    # must name a directory that exists, not step-00000010.
+    save_steps(tmp_path, [10])
+    (tmp_path / checkpoint_name(10)).rename(tmp_path / "step-10")
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    model = torch.nn.Linear(4, 4)
+    with checkpointer(tmp_path, model) as ck:
+        assert ck.restore() == 10
+        monkeypatch.setattr(ckptio, "write_checkpoint", full)
+        with pytest.raises(CheckpointWriteError) as refused:
+            ck.save(11)
+    assert str(refused.value).endswith("the previous checkpoint (step-10) is intact")
+    assert step_dirs(tmp_path) == ["step-10"]
+
+
 def test_a_rejected_checkpoint_that_still_cannot_be_moved_aside_refuses_the_save_of_its_step(
     tmp_path, monkeypatch
 ):
