@@ -7,11 +7,12 @@ with gloo), or until its process exits. So wherever some ranks work alone before
 the collective instead: the failing rank raises its own exception, and every other rank one of
 its kind (:data:`KINDS`) that quotes it. One description (:func:`describe`) and one way of
 raising it (:func:`raise_described`) for the broadcasts from rank 0 (the checkpointer's
-``_share``) and the all-gathers of the ranks' own work (:func:`gather_work`: each rank's own
-snapshot in a ring, its part of a checkpoint before DCP's collective load, its restore of its
-own objects; :func:`failing_together` for work done inline: rank 0's reading of the run log
-as a session starts, the restore's last steps, a save's capture of the state, dropping a dead
-branch's snapshots).
+``_share``) and the all-gathers of the ranks' own work (:func:`gather_work`: the ring's
+opening of each rank's held-copy directory, each rank's own snapshot in a ring (taken from its
+partner, then loaded), its part of a checkpoint before DCP's collective load, its restore of
+its own objects; :func:`failing_together` for work done inline: each rank's check of its
+``local_dir``, rank 0's reading of the run log as a session starts, the restore's last steps,
+a save's capture of the state, dropping a dead branch's snapshots).
 """
 
 from __future__ import annotations
