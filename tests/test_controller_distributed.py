@@ -657,6 +657,14 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
                 position.state_dict = unreadable_position
             ckpt.save(2)
+        if where == "interrupting":  # Ctrl-C on rank 1 alone as it captures its state
+
+            def interrupted():
+                raise KeyboardInterrupt
+
+            if rank == 1:
+                position.state_dict = interrupted
+            ckpt.save(2)
         if where == "moving":  # rank 0 cannot move aside a rejected step-2 the save replaces
             if rank == 0:
 
@@ -747,6 +755,12 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             "the previous checkpoint",
             "CheckpointWriteError: saving step 2 failed (rank 1 failed preparing the save of "
             "step 2: ValueError: the data position cannot be read); the previous checkpoint",
+        ),
+        (
+            "interrupting",  # rank 1 alone, which keeps its interrupt; rank 0 is not left waiting
+            "KeyboardInterrupt",
+            "CheckpointWriteError: saving step 2 failed (rank 1 failed preparing the save of step "
+            "2: KeyboardInterrupt); the previous checkpoint (step-00000001) is intact",
         ),
         (
             "moving",  # rank 0 alone, before the save's collective write

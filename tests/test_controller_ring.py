@@ -578,6 +578,12 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
         local_ring.LocalStorage = raises(RuntimeError("the local disk is gone"))
     if where == "fetching" and rank == 1:  # interrupted as the copy it took from rank 0 lands
         local_ring._remove = raises(KeyboardInterrupt())
+    if where == "tier off" and rank == 0:  # rank 1's tier is off: rank 0's warning, made fatal
+        warnings.filterwarnings("error", message="local tier off")
+    if where == "interrupted" and rank == 1:  # Ctrl-C inside DCP's load of its own snapshot
+        from torch.distributed.checkpoint import FileSystemReader
+
+        FileSystemReader.read_data = raises(KeyboardInterrupt())
 
     def attempt() -> str:
         model = _wrap(_model(), "ddp")
@@ -652,6 +658,25 @@ def _restore_failing(rank: int, port: int, base: str, out: str, where: str) -> N
             "RuntimeError: rank 1 failed loading its local snapshot {name}: KeyboardInterrupt",
         ),
         (
+            "tier off",
+            0,
+            "UserWarning: local tier off for every rank: rank 1's local tier is unusable",
+            "RuntimeError: rank 0 failed warning that the local tier is off: UserWarning: local "
+            "tier off for every rank",
+        ),
+        (
+            "tier off quietly",  # the same, no filter: every rank takes the same collectives
+            1,
+            "restored {persistent}",
+            "restored {persistent}",
+        ),
+        (
+            "interrupted",  # no verdict on the snapshot: it stays where it is (below)
+            1,
+            "KeyboardInterrupt",
+            "RuntimeError: rank 1 failed loading its local snapshot {name}: KeyboardInterrupt",
+        ),
+        (
             "branch",
             0,
             "ValueError: a bad run record",
@@ -676,6 +701,10 @@ def test_a_failure_on_one_rank_during_a_ring_restore_reaches_every_rank_at_once(
         (run / "host1").symlink_to(run / "ckpt" / "host1")
     if where == "fetching":
         shutil.rmtree(_snapshot(run, 1, local, "rank-1"))
+    if where.startswith("tier off"):  # a symlink where rank 1's tier should be: never used
+        tier = _tier(run, 1)
+        tier.rename(run / "elsewhere")
+        tier.symlink_to(run / "elsewhere")
     args = (free_port(), str(run), str(tmp_path), where)
     mp.start_processes(_restore_failing, args=args, nprocs=2, start_method="fork")
     said = {
@@ -686,10 +715,14 @@ def test_a_failure_on_one_rank_during_a_ring_restore_reaches_every_rank_at_once(
         "root": run / "ckpt",
         "local": run / f"host{failing}",
         "template": run / "host{rank}",
+        "persistent": killed[2],
     }
     assert said[failing][1].startswith(own.format(**fill))
     assert said[1 - failing][1].startswith(others.format(**fill))
     assert all(float(took) < 30 for took, _ in said.values())  # at once, not at a timeout
+    if where == "interrupted":  # a Ctrl-C is no verdict: nothing was moved aside
+        assert _snapshot(run, 1, local, "rank-1").is_dir()
+        assert not list(_tier(run, 1).glob("rank-1/*.rejected-*"))
 
 
 def _training_while_one_local_disk_is_full(rank: int, port: int, base: str, out: str) -> None:

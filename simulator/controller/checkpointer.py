@@ -564,8 +564,8 @@ class AdaptiveCheckpointer(TierMixin):
                 self._staging = (buffers, self._inflight)
             else:
                 self._write_and_commit(step, state, tier)
-        except Exception as exc:  # reported below, after the schedule has moved on
-            error = exc
+        except BaseException as exc:  # reported below, after the schedule has moved on
+            error = exc  # an interrupt too: raised after the broadcast the other ranks wait in
         t1 = self.clock()
         if error is None:
             self._stall_of(tier).update(t1 - t0)
@@ -596,6 +596,8 @@ class AdaptiveCheckpointer(TierMixin):
             raise fatal
         if shared is not None:
             raise_described(shared)
+        if error is not None and not isinstance(error, Exception):
+            raise error  # this rank's Ctrl-C or SystemExit, the others told the save failed
         self._set_due(due)
         self._mark_step, self._mark_t = step, self.clock()
         if error is not None or message is not None:

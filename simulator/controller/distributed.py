@@ -43,7 +43,7 @@ import torch
 
 from simulator import ckptio
 from simulator.controller.safe_metadata import load_metadata
-from simulator.controller.shared_failure import gather_work
+from simulator.controller.shared_failure import gather_work, what
 from simulator.errors import InputError
 
 __all__ = ["PER_RANK_KEY", "DistributedBackend"]
@@ -189,9 +189,16 @@ def dcp_failures(exc, rank: int, own: bool) -> dict[int, BaseException]:
     return failures
 
 
+def _raise_own_interrupt(failures: dict[int, BaseException], rank: int) -> None:
+    """This rank's own interrupt (Ctrl-C, SystemExit) among DCP's failures, raised as itself."""
+    mine = failures.get(rank)
+    if mine is not None and not isinstance(mine, Exception):
+        raise mine from None
+
+
 def _one_line(failures: dict[int, BaseException]) -> str:
     """DCP's failures without their tracebacks: ``rank <r>: <Type>: <message>; ...``."""
-    return "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items()))
+    return "; ".join(f"rank {r}: {what(e)}" for r, e in sorted(failures.items()))
 
 
 @contextmanager
@@ -342,9 +349,7 @@ class DistributedBackend:
             # A BaseException with every failing rank's traceback in its message: what
             # catches a failed save (Exception) would let it through, one rank alone.
             failures = dcp_failures(exc, self.rank, own)
-            mine = failures.get(self.rank)
-            if mine is not None and not isinstance(mine, Exception):
-                raise mine from None  # this rank's interrupt stays one
+            _raise_own_interrupt(failures, self.rank)
             raise ckptio.CheckpointWriteError(
                 f"DCP's save failed ({_one_line(failures)})"
             ) from None
@@ -422,6 +427,12 @@ class DistributedBackend:
             for error in failures.values():
                 if isinstance(error, UnsafeCheckpoint):
                     raise UnsafeCheckpoint(str(error)) from None
+            # An interrupt is no verdict on the checkpoint (a corrupt one is moved aside).
+            _raise_own_interrupt(failures, self.rank)
+            if any(not isinstance(e, Exception) for e in failures.values()):
+                raise RuntimeError(
+                    f"{ckpt_dir.name}: DCP's load was interrupted ({_one_line(failures)})"
+                ) from None
             raise CorruptCheckpoint(
                 f"{ckpt_dir.name}: DCP cannot read it ({_one_line(failures)})"
             ) from None

@@ -359,7 +359,7 @@ class Ring:
             try:
                 _commit(self.tier.storage, step, lambda tmp: self._write_own(tmp, step, state))
                 header = {"step": step, "files": _files(self.tier.storage.path(name))}
-            except Exception as exc:
+            except BaseException as exc:  # an interrupt too: raised after the gather below
                 own_error = exc
         else:
             own_error = CheckpointWriteError(self.tier.disabled)
@@ -772,12 +772,14 @@ def _move_files(src: Path, dst: Path) -> None:
 
 
 def _remove(path: Path | None) -> None:
+    """Best effort, never raising: a leftover is only space (a staging directory is made afresh
+    each time), and a rank raising here alone would leave its partners in a collective."""
     if path is None:
         return
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("local tier: cannot remove %s (%s)", path, exc.strerror or exc)

@@ -41,18 +41,28 @@ Described = tuple[int, str]
 """A failure as it travels in a collective: its index in :data:`KINDS` and the message."""
 
 
+def message(failed: BaseException) -> str:
+    """``str(failed)``, or a placeholder where even that raises."""
+    try:
+        return str(failed)
+    except Exception:  # a message that cannot be shown must not keep a rank from the collective
+        return "(its message cannot be shown)"
+
+
+def what(failed: BaseException) -> str:
+    """``<Type>: <message>`` (``<Type>`` alone where the message is empty)."""
+    text = message(failed)
+    return type(failed).__name__ + (f": {text}" if text else "")
+
+
 def describe(failed: BaseException, doing: str, rank: int) -> Described:
     """``failed`` as the other ranks will raise it: a refusal word for word (naming the rank
     where it is not rank 0); anything else as ``rank <r> failed <doing>: <Type>: <message>``."""
     kind = next(i for i, (seen, _) in enumerate(KINDS) if isinstance(failed, seen))
-    try:
-        text = str(failed)
-    except Exception:  # a message that cannot be shown must not keep a rank from the collective
-        text = "(its message cannot be shown)"
     if isinstance(failed, IncompatibleCheckpoint | NoIntactCheckpoint):
+        text = message(failed)
         return kind, text if rank == 0 else f"{text} (on rank {rank})"
-    what = type(failed).__name__ + (f": {text}" if text else "")
-    return kind, f"rank {rank} failed {doing}: {what}"
+    return kind, f"rank {rank} failed {doing}: {what(failed)}"
 
 
 def raise_described(error: Described) -> NoReturn:

@@ -138,14 +138,18 @@ def open_local_tier(ckpt) -> LocalTier:
         # Whether every rank found its own directory: a restart that lost a host is a node loss.
         tier.found = all(found for found, _ in ckpt._ring.tiers)
         off = [(r, why) for r, (_, why) in enumerate(ckpt._ring.tiers) if why is not None]
-        if off and tier.usable:
-            tier.disabled = f"rank {off[0][0]}'s local tier is unusable ({off[0][1]})"
-            if backend.rank == 0:
-                warnings.warn(
-                    f"local tier off for every rank: {tier.disabled}; a snapshot that one rank "
-                    "cannot keep restores no rank",
-                    stacklevel=3,
-                )
+        if off:  # gathered: the same on every rank, so every rank takes the collective below
+            usable = tier.usable
+            if usable:
+                tier.disabled = f"rank {off[0][0]}'s local tier is unusable ({off[0][1]})"
+            # A filter may make rank 0's warning an error: raised on every rank.
+            with failing_together(backend, "warning that the local tier is off"):
+                if usable and backend.rank == 0:
+                    warnings.warn(
+                        f"local tier off for every rank: {tier.disabled}; a snapshot that one "
+                        "rank cannot keep restores no rank",
+                        stacklevel=3,
+                    )
     if not tier.usable:
         ckpt.schedule.local_enabled = False
     ckpt._local_rejected = {}
