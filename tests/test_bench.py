@@ -250,6 +250,29 @@ def test_a_disk_full_under_dcp_is_the_users_one_line_error(tiny, tmp_path, monke
     )
 
 
+def test_a_writer_ranks_disk_error_is_found_inside_dcps_wrapping(tiny, tmp_path, monkeypatch):
+    # A --writers rank re-raised DCP's CheckpointException (a BaseException): torch's spawn
+    # passes on only an Exception, so the parent printed the child's traceback.
+    import errno
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from simulator.bench.writers import disk_error
+
+    def full(_fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointException) as wrapped:
+        dcp.save(tiny.state, storage_writer=fmt_io._dcp_writer(tmp_path), no_dist=True)
+    found = disk_error(wrapped.value, 0)
+    assert isinstance(found, OSError) and found.errno == errno.ENOSPC
+    plain = OSError(errno.EIO, "Input/output error")
+    assert disk_error(plain, 0) is plain
+    assert disk_error(RuntimeError("Connection closed by peer"), 1) is None
+
+
 def test_human_output_has_one_raw_figure_and_no_goal_lines(tmp_path, capsys):
     argv = ["bench", "--sizes", "300K,1M", "--formats", "ckptsim", "--repeats", "2"]
     assert main([*argv, "--dir", str(tmp_path)]) == 0

@@ -33,6 +33,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def disk_error(exc: BaseException, rank: int) -> OSError | None:
+    """The disk's error in a writer's failure, or None: ``exc`` itself, or one of the ranks'
+    failures that DCP wraps in its ``CheckpointException`` (a BaseException)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from simulator.controller.distributed import dcp_failures
+
+    errors = [exc]
+    if isinstance(exc, CheckpointException):
+        errors = list(dcp_failures(exc, rank, own=False).values())
+    return next((e for e in errors if isinstance(e, OSError)), None)
+
+
 def _worker(
     rank: int, world: int, port: int, work: str, shard_bytes: int, repeats: int, failed
 ) -> None:
@@ -40,11 +53,9 @@ def _worker(
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
-    from torch.distributed.checkpoint.api import CheckpointException
 
     from simulator import ckptio
     from simulator.bench import formats as fmt_io
-    from simulator.controller.distributed import dcp_failures
 
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -114,14 +125,14 @@ def _worker(
                     shutil.rmtree(where, ignore_errors=True)
         if rank == 0:
             Path(work, "rows.json").write_text(json.dumps(rows))
-    except (OSError, CheckpointException) as exc:
+    except BaseException as exc:
         # A full or failing disk is the user's to fix: the parent raises it as an OSError (a
-        # one-line error), not as this process's traceback. DCP wraps every rank's in its own.
-        errors = dcp_failures(exc, rank, own=False) if isinstance(exc, CheckpointException) else {}
-        disk = next((e for e in [exc, *errors.values()] if isinstance(e, OSError)), None)
-        if disk is not None:
-            failed.put((disk.errno, disk.strerror or str(disk)))
-        raise
+        # one-line error), not as this process's traceback.
+        disk = disk_error(exc, rank)
+        if disk is None:
+            raise
+        failed.put((disk.errno, disk.strerror or str(disk)))
+        raise disk from None  # an Exception: torch's spawn hands the parent its outcome
     finally:
         dist.destroy_process_group()
 
@@ -150,7 +161,7 @@ def run_writers(
                     start_method="spawn",
                     join=True,
                 )
-            except mp.ProcessRaisedException:
+            except (mp.ProcessRaisedException, mp.ProcessExitedException):  # a rank failed
                 if failed.empty():
                     raise
                 raise OSError(*failed.get()) from None
