@@ -657,13 +657,16 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
 
                 position.state_dict = unreadable_position
             ckpt.save(2)
-        if where == "interrupting":  # Ctrl-C on rank 1 alone as it captures its state
+        if where.startswith("interrupting"):  # Ctrl-C on rank 1 alone, as it captures its
+            # state, or inside DCP's save of its shard
 
-            def interrupted():
+            def interrupted(*_args):
                 raise KeyboardInterrupt
 
-            if rank == 1:
+            if rank == 1 and where == "interrupting":
                 position.state_dict = interrupted
+            if rank == 1 and where == "interrupting a shard":
+                os.fsync = interrupted
             ckpt.save(2)
         if where == "moving":  # rank 0 cannot move aside a rejected step-2 the save replaces
             if rank == 0:
@@ -761,6 +764,12 @@ def _restore_while_one_rank_fails(rank: int, port: int, root: str, out: str, whe
             "KeyboardInterrupt",
             "CheckpointWriteError: saving step 2 failed (rank 1 failed preparing the save of step "
             "2: KeyboardInterrupt); the previous checkpoint (step-00000001) is intact",
+        ),
+        (
+            "interrupting a shard",  # inside DCP's save: DCP tells every rank
+            "KeyboardInterrupt",
+            "CheckpointWriteError: saving step 2 failed (DCP's save failed (rank 1: "
+            "KeyboardInterrupt)); the previous checkpoint (step-00000001) is intact",
         ),
         (
             "moving",  # rank 0 alone, before the save's collective write

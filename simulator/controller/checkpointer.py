@@ -95,6 +95,7 @@ from simulator.controller.shared_failure import (
     failing_together,
     gather_work,
     raise_described,
+    was_heard,
 )
 from simulator.controller.state import (
     capture_state,
@@ -565,7 +566,9 @@ class AdaptiveCheckpointer(TierMixin):
             else:
                 self._write_and_commit(step, state, tier)
         except BaseException as exc:  # reported below, after the schedule has moved on
-            error = exc  # an interrupt too: raised after the broadcast the other ranks wait in
+            if not isinstance(exc, Exception) and not was_heard(exc):
+                raise  # an interrupt no other rank has heard of: they are not at the broadcast
+            error = exc  # an interrupt every rank has heard of: raised after the broadcast
         t1 = self.clock()
         if error is None:
             self._stall_of(tier).update(t1 - t0)
@@ -592,12 +595,12 @@ class AdaptiveCheckpointer(TierMixin):
         due, message, shared = self._broadcast_point(
             step, (due, None if error is None else repr(error), shared)
         )
+        if error is not None and not isinstance(error, Exception):
+            raise error  # this rank's own Ctrl-C or SystemExit first, as gather_work's rule
         if fatal is not None:
             raise fatal
         if shared is not None:
             raise_described(shared)
-        if error is not None and not isinstance(error, Exception):
-            raise error  # this rank's Ctrl-C or SystemExit, the others told the save failed
         self._set_due(due)
         self._mark_step, self._mark_t = step, self.clock()
         if error is not None or message is not None:

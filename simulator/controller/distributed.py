@@ -43,7 +43,7 @@ import torch
 
 from simulator import ckptio
 from simulator.controller.safe_metadata import load_metadata
-from simulator.controller.shared_failure import gather_work, what
+from simulator.controller.shared_failure import gather_work, heard, what
 from simulator.errors import InputError
 
 __all__ = ["PER_RANK_KEY", "DistributedBackend"]
@@ -193,7 +193,7 @@ def _raise_own_interrupt(failures: dict[int, BaseException], rank: int) -> None:
     """This rank's own interrupt (Ctrl-C, SystemExit) among DCP's failures, raised as itself."""
     mine = failures.get(rank)
     if mine is not None and not isinstance(mine, Exception):
-        raise mine from None
+        raise heard(mine) from None  # DCP's collectives have told every rank
 
 
 def _one_line(failures: dict[int, BaseException]) -> str:
@@ -424,11 +424,11 @@ class DistributedBackend:
         except CheckpointException as exc:
             # DCP gathers every rank's exception; an unsafe pickle is a refusal, not damage.
             failures = dcp_failures(exc, self.rank, own)
+            # An interrupt is no verdict on the checkpoint (a corrupt one is moved aside).
+            _raise_own_interrupt(failures, self.rank)
             for error in failures.values():
                 if isinstance(error, UnsafeCheckpoint):
                     raise UnsafeCheckpoint(str(error)) from None
-            # An interrupt is no verdict on the checkpoint (a corrupt one is moved aside).
-            _raise_own_interrupt(failures, self.rank)
             if any(not isinstance(e, Exception) for e in failures.values()):
                 raise RuntimeError(
                     f"{ckpt_dir.name}: DCP's load was interrupted ({_one_line(failures)})"

@@ -75,7 +75,7 @@ from simulator.controller.integrity import (
 from simulator.controller.local_tier import RANK_FIELD, superseded
 from simulator.controller.runlog import open_regular
 from simulator.controller.safe_metadata import load_metadata
-from simulator.controller.shared_failure import gather_work
+from simulator.controller.shared_failure import gather_work, heard
 from simulator.controller.storage import (
     LocalStorage,
     apply_retention,
@@ -370,7 +370,9 @@ class Ring:
             if failed:
                 # One outcome for all ranks (a snapshot some rank lacks restores nothing), so
                 # every rank's schedule stays the same; no copies are sent.
-                raise own_error or CheckpointWriteError(
+                if own_error is not None:
+                    raise heard(own_error)  # every rank knows it from the gather
+                raise CheckpointWriteError(
                     f"rank(s) {failed} could not write their local snapshot of step {step}"
                 )
             incoming = headers[self.source]
@@ -395,7 +397,7 @@ class Ring:
                     f"kept: {copy_problem}"
                 )
         if own_error is not None:
-            raise own_error
+            raise heard(own_error) if self.world > 1 else own_error
         if self.clean_pending:  # every rank reaches this together (a collective)
             if all(self.gather(copy_problem is None)):
                 self.clean_strays()
@@ -592,8 +594,8 @@ class Ring:
         """Remove the snapshot directories no rank of this job uses (:meth:`_scanned`), once
         this job's own snapshots are complete everywhere (the caller's to know)."""
         for path in self.strays:
-            _remove(path)
-            logger.info("local tier: removed %s, which no rank of this job uses", path)
+            if _remove(path):
+                logger.info("local tier: removed %s, which no rank of this job uses", path)
         self.strays = []
 
     def _intact(self, storage: LocalStorage, owner: int, refused: list, notes: list) -> dict:
@@ -771,15 +773,18 @@ def _move_files(src: Path, dst: Path) -> None:
         os.rename(src / entry, dst / entry)
 
 
-def _remove(path: Path | None) -> None:
+def _remove(path: Path | None) -> bool:
     """Best effort, never raising: a leftover is only space (a staging directory is made afresh
-    each time), and a rank raising here alone would leave its partners in a collective."""
+    each time), and a rank raising here alone would leave its partners in a collective.
+    Returns whether ``path`` is gone."""
     if path is None:
-        return
+        return True
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+        return not (path.exists() or path.is_symlink())
     except OSError as exc:
         logger.warning("local tier: cannot remove %s (%s)", path, exc.strerror or exc)
+        return False

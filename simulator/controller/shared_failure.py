@@ -65,6 +65,19 @@ def describe(failed: BaseException, doing: str, rank: int) -> Described:
     return kind, f"rank {rank} failed {doing}: {what(failed)}"
 
 
+def heard(failed: BaseException) -> BaseException:
+    """``failed``, marked as one every rank has heard of (it travelled in a collective): a
+    caller may hold it (an interrupt too) until the next collective every rank meets, instead
+    of leaving at once."""
+    failed._ckptsim_heard = True  # type: ignore[attr-defined]
+    return failed
+
+
+def was_heard(failed: BaseException) -> bool:
+    """Whether :func:`heard` marked ``failed``."""
+    return getattr(failed, "_ckptsim_heard", False)
+
+
 def raise_described(error: Described) -> NoReturn:
     kind, message = error
     raise KINDS[kind][1](message)
@@ -108,7 +121,7 @@ def _gathered(
 ) -> list:
     gathered = gather((value, None if failed is None else describe(failed, doing, rank)))
     if failed is not None:
-        raise failed
+        raise heard(failed)
     for _, error in gathered:
         if error is not None:
             raise_described(error)
