@@ -189,11 +189,12 @@ def dcp_failures(exc, rank: int, own: bool) -> dict[int, BaseException]:
     return failures
 
 
-def _raise_own_interrupt(failures: dict[int, BaseException], rank: int) -> None:
-    """This rank's own interrupt (Ctrl-C, SystemExit) among DCP's failures, raised as itself."""
+def _raise_own_interrupt(failures: dict[int, BaseException], rank: int, own: bool) -> None:
+    """This rank's own interrupt (Ctrl-C, SystemExit) among DCP's failures, raised as itself:
+    marked heard where DCP's collectives told every rank (not ``own``, a ``no_dist`` call)."""
     mine = failures.get(rank)
     if mine is not None and not isinstance(mine, Exception):
-        raise heard(mine) from None  # DCP's collectives have told every rank
+        raise (mine if own else heard(mine)) from None
 
 
 def _one_line(failures: dict[int, BaseException]) -> str:
@@ -349,7 +350,7 @@ class DistributedBackend:
             # A BaseException with every failing rank's traceback in its message: what
             # catches a failed save (Exception) would let it through, one rank alone.
             failures = dcp_failures(exc, self.rank, own)
-            _raise_own_interrupt(failures, self.rank)
+            _raise_own_interrupt(failures, self.rank, own)
             raise ckptio.CheckpointWriteError(
                 f"DCP's save failed ({_one_line(failures)})"
             ) from None
@@ -425,7 +426,7 @@ class DistributedBackend:
             # DCP gathers every rank's exception; an unsafe pickle is a refusal, not damage.
             failures = dcp_failures(exc, self.rank, own)
             # An interrupt is no verdict on the checkpoint (a corrupt one is moved aside).
-            _raise_own_interrupt(failures, self.rank)
+            _raise_own_interrupt(failures, self.rank, own)
             for error in failures.values():
                 if isinstance(error, UnsafeCheckpoint):
                     raise UnsafeCheckpoint(str(error)) from None

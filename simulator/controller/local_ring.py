@@ -396,8 +396,8 @@ class Ring:
                     f"the copy of rank {self.source}'s local snapshot of step {step} was not "
                     f"kept: {copy_problem}"
                 )
-        if own_error is not None:
-            raise heard(own_error) if self.world > 1 else own_error
+        if own_error is not None:  # (only an interrupt after the gather said it succeeded)
+            raise own_error
         if self.clean_pending:  # every rank reaches this together (a collective)
             if all(self.gather(copy_problem is None)):
                 self.clean_strays()
