@@ -21,7 +21,6 @@ import json
 import mmap
 import os
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -250,10 +249,9 @@ def _single_process_dcp():
     traceback): raised here as itself, so that a full disk is an OSError, the user's to fix."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from simulator.controller.distributed import dcp_failures
+    from simulator.controller.distributed import dcp_failures, quiet_single_process
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with quiet_single_process(own=True):
         try:
             yield
         except CheckpointException as exc:

@@ -203,7 +203,7 @@ def _one_line(failures: dict[int, BaseException]) -> str:
 
 
 @contextmanager
-def _quiet_single_process(own: bool):
+def quiet_single_process(own: bool):
     """Without DCP's warning that it assumes one process: for a rank's own snapshot
     (``no_dist``) that is the intent."""
     with warnings.catch_warnings():
@@ -339,7 +339,7 @@ class DistributedBackend:
             tmp_dir, sync_files=True, single_file_per_rank=True, thread_count=self.thread_count
         )
         try:
-            with _quiet_single_process(own):
+            with quiet_single_process(own):
                 dcp.save(
                     _encode(self._split(state)),
                     storage_writer=writer,
@@ -414,7 +414,7 @@ class DistributedBackend:
         metadata, state = prepared[0]
         planner = _completing_planner(self.rank)
         try:
-            with _quiet_single_process(own):
+            with quiet_single_process(own):
                 dcp.load(
                     state,
                     storage_reader=_safe_reader(ckpt_dir, metadata),

@@ -396,7 +396,7 @@ class Ring:
                     f"the copy of rank {self.source}'s local snapshot of step {step} was not "
                     f"kept: {copy_problem}"
                 )
-        if own_error is not None:  # (only an interrupt after the gather said it succeeded)
+        if own_error is not None:  # one rank (no gather above), or a late interrupt
             raise own_error
         if self.clean_pending:  # every rank reaches this together (a collective)
             if all(self.gather(copy_problem is None)):
